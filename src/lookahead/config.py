@@ -1,0 +1,110 @@
+"""Settings and statistics of lookahead decoding."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+# Defaults by device type, measured with `python benchmarks/pick_default.py` (see README):
+# on a CPU a step's cost grows quickly with its width, so the window stays small.
+_DEFAULTS = {
+    "cpu": (4, 4, 4),
+    "cuda": (15, 5, 15),
+}
+_FALLBACK = (7, 4, 7)
+
+
+@dataclass(frozen=True)
+class LookaheadConfig:
+    """Window size W, n-gram size N and the most candidates verified per step G.
+
+    * ``window_size`` (W >= 0): Jacobi columns of the lookahead branch; 0 turns the branch off,
+      leaving only candidates from the prompt and the text generated so far.
+    * ``ngram_size`` (N >= 2): length of the pooled n-grams; a step emits at most N tokens.
+    * ``max_candidates`` (G >= 0): candidates verified per step, and n-grams kept per key in
+      the pool; 0 turns the verification branch off.
+    * ``seed_pool_from_prompt``: also pool the prompt's own n-grams (helps code, RAG, summaries).
+    * ``pool_from_output``: also pool the n-grams of the text generated so far.
+    """
+
+    window_size: int
+    ngram_size: int
+    max_candidates: int
+    seed_pool_from_prompt: bool = True
+    pool_from_output: bool = True
+
+    def __post_init__(self) -> None:
+        for name, value, low in (
+            ("window_size (W)", self.window_size, 0),
+            ("ngram_size (N)", self.ngram_size, 2),
+            ("max_candidates (G)", self.max_candidates, 0),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+
+    @classmethod
+    def default_for(cls, device: torch.device | str, **overrides) -> "LookaheadConfig":
+        """A good default for ``device``; explicit values in ``overrides`` win (None = default)."""
+        w, n, g = _DEFAULTS.get(torch.device(device).type, _FALLBACK)
+        chosen = {"window_size": w, "ngram_size": n, "max_candidates": g}
+        chosen.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**chosen)
+
+    @property
+    def step_width(self) -> int:
+        """Tokens in one full step: t, the window, and the candidates."""
+        window = 0 if self.window_size == 0 else (self.ngram_size - 1) * self.window_size - 1
+        return 1 + window + self.max_candidates * (self.ngram_size - 1)
+
+
+@dataclass
+class LookaheadStats:
+    """What one generate call did. Read it from ``Lookahead.last_stats`` after the call.
+
+    ``steps`` counts decoding forward passes (the prefill is not a step). ``accepted_hist[k]`` is
+    the number of steps that emitted k + 1 tokens (k accepted candidate tokens plus one).
+    """
+
+    config: LookaheadConfig
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    steps: int = 0
+    accepted_hist: list[int] = field(default_factory=list)
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        """New tokens per decoding step, including the token the prefill produces."""
+        return self.new_tokens / max(1, self.steps)
+
+    @property
+    def mean_accepted(self) -> float:
+        """Mean candidate tokens accepted per step (tokens per step minus the bonus token)."""
+        total = sum(self.accepted_hist)
+        return sum(k * c for k, c in enumerate(self.accepted_hist)) / max(1, total)
+
+    @property
+    def seconds(self) -> float:
+        return self.prefill_seconds + self.decode_seconds
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "window_size": self.config.window_size,
+            "ngram_size": self.config.ngram_size,
+            "max_candidates": self.config.max_candidates,
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": self.new_tokens,
+            "steps": self.steps,
+            "tokens_per_step": self.tokens_per_step,
+            "mean_accepted": self.mean_accepted,
+            "accepted_hist": list(self.accepted_hist),
+            "prefill_seconds": self.prefill_seconds,
+            "decode_seconds": self.decode_seconds,
+            "tokens_per_second": self.tokens_per_second,
+        }

@@ -1,0 +1,189 @@
+"""The lookahead decoding loop, handed to ``model.generate(custom_generate=Lookahead(...))``.
+
+transformers prepares the inputs, the logits processors and the stopping criteria, then calls
+:meth:`Lookahead.__call__` with the same arguments as its own ``_sample`` loop. The loop:
+
+1. prefill the prompt but its last token t (the cache never holds t);
+2. each step, one forward pass over t, the lookahead window and up to G pooled candidates;
+3. verify the candidates greedily: accepted tokens plus the bonus token (1 to N tokens);
+4. emit them one by one through the stopping criteria and the streamer;
+5. keep in the cache exactly the committed tokens; update the window and the pool.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from transformers import DynamicCache
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from .config import LookaheadConfig, LookaheadStats
+from .layout import build_layout
+from .pool import NGramPool
+from .step import Scorer, keep_committed, prompt_tokens, validate_call
+from .support import check_model
+from .verify import verify_greedy
+from .window import JacobiWindow
+
+logger = logging.getLogger(__name__)
+
+
+class Lookahead:
+    """Lossless lookahead decoding as a ``custom_generate`` callable.
+
+    >>> out = model.generate(**inputs, custom_generate=Lookahead(), max_new_tokens=64)
+
+    ``Lookahead()`` picks W, N and G for the model's device; pass any of them to override.
+    Invalid values raise ``ValueError`` at construction. After each call, ``last_stats`` holds
+    a :class:`LookaheadStats` (steps, tokens per step, accepted-length histogram, time).
+    """
+
+    def __init__(
+        self,
+        window_size: int | None = None,
+        ngram_size: int | None = None,
+        max_candidates: int | None = None,
+        *,
+        seed_pool_from_prompt: bool = True,
+        pool_from_output: bool = True,
+    ) -> None:
+        self._overrides = {
+            "window_size": window_size,
+            "ngram_size": ngram_size,
+            "max_candidates": max_candidates,
+            "seed_pool_from_prompt": seed_pool_from_prompt,
+            "pool_from_output": pool_from_output,
+        }
+        LookaheadConfig.default_for("cpu", **self._overrides)  # validate now, not mid-generate
+        self.last_stats: LookaheadStats | None = None
+
+    def config_for(self, device: torch.device | str) -> LookaheadConfig:
+        """The W/N/G this callable uses on ``device``."""
+        return LookaheadConfig.default_for(device, **self._overrides)
+
+    def __repr__(self) -> str:
+        given = {k: v for k, v in self._overrides.items() if v is not None and k[0] in "wnm"}
+        return f"Lookahead({', '.join(f'{k}={v}' for k, v in given.items())})"
+
+    @torch.no_grad()
+    def __call__(
+        self,
+        model,
+        input_ids: torch.LongTensor,  # [1, S]
+        logits_processor,
+        stopping_criteria,
+        generation_config,
+        synced_gpus: bool = False,
+        streamer=None,
+        **model_kwargs,
+    ):
+        validate_call(model, input_ids, generation_config, synced_gpus, model_kwargs)
+        spec = check_model(model)
+        cfg = self.config_for(model.device)
+        stats = LookaheadStats(config=cfg, accepted_hist=[0] * cfg.ngram_size)
+        self.last_stats = stats
+        want_scores = generation_config.return_dict_in_generate and generation_config.output_scores
+        want_logits = generation_config.return_dict_in_generate and generation_config.output_logits
+        scores: tuple = ()
+        raw_logits: tuple = ()
+
+        # committed: the prompt without left padding, then every emitted token (python ints)
+        committed = prompt_tokens(input_ids, model_kwargs.get("attention_mask"), spec)
+        stats.prompt_tokens = len(committed)
+        n_prompt = len(committed)
+        dtype = next(model.parameters()).dtype
+        device = input_ids.device
+        cache = DynamicCache()
+        keep_logits = model._supports_logits_to_keep()
+
+        # 1. prefill everything but t
+        start = time.perf_counter()
+        if len(committed) > 1:
+            model(input_ids=torch.tensor([committed[:-1]], device=device), cache=cache, use_cache=True,
+                  position_ids=torch.arange(len(committed) - 1, device=device)[None],
+                  **({"logits_to_keep": 1} if keep_logits else {}))
+        stats.prefill_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+
+        pool = NGramPool(cfg.ngram_size, max(1, cfg.max_candidates))
+        if cfg.seed_pool_from_prompt:
+            pool.add_sequence(committed)
+        window = JacobiWindow(cfg.window_size, cfg.ngram_size, committed)
+        max_length = generation_config.max_length
+        n = cfg.ngram_size
+        finished = input_ids.shape[1] >= max_length
+
+        while not finished:
+            # 2. lay out and run one step
+            t, past = committed[-1], len(committed) - 1
+            remaining = max_length - input_ids.shape[1]  # tokens this call may still emit
+            cand_len = min(n - 1, remaining - 1)
+            if spec.max_positions is not None:
+                cand_len = min(cand_len, spec.max_positions - 1 - past)
+            candidates = [c[:cand_len] for c in pool.candidates(t, cfg.max_candidates)] if cand_len > 0 else []
+            n_levels = window.n_levels
+            if spec.max_positions is not None and past + n_levels + cfg.window_size - 1 > spec.max_positions:
+                n_levels = 0  # the window would run past the position table: skip it this step
+            layout = build_layout(1, cfg.window_size, n_levels, len(candidates), cand_len)
+            step_ids = [t, *(window.tokens() if n_levels else []), *(x for c in candidates for x in c)]
+            positions = (layout.positions + past).to(device)
+            kwargs = {"logits_to_keep": layout.logit_rows.to(device)} if keep_logits else {}
+            out = model(
+                input_ids=torch.tensor([step_ids], device=device),
+                position_ids=positions[None],
+                attention_mask=spec.build(layout.mask.to(device), past, positions, dtype),
+                cache=cache,
+                use_cache=True,
+                **kwargs,
+            )
+            logits = out.logits[0] if keep_logits else out.logits[0, layout.logit_rows.to(device)]
+            scorer = Scorer(logits, layout, logits_processor, input_ids, candidates)
+
+            # 3. verify
+            verdict = verify_greedy(scorer.choice(layout.t_row), candidates, scorer.candidate_choice)
+            emitted_rows = [layout.t_row, *(layout.candidate_rows[k][j] for k, j in verdict.path)]
+
+            # 4. emit token by token, as plain decoding would, until something stops it
+            emitted = []
+            for token, row in zip(verdict.emitted, emitted_rows):
+                emitted.append(token)
+                if want_scores:
+                    scores += (scorer.processed(row)[None],)
+                if want_logits:
+                    raw_logits += (scorer.raw(row)[None],)
+                input_ids = torch.cat([input_ids, input_ids.new_tensor([[token]])], dim=-1)
+                if streamer is not None:
+                    streamer.put(input_ids.new_tensor([token]).cpu())
+                if bool(stopping_criteria(input_ids, scores if want_scores else None).any()):
+                    finished = True
+                    break
+
+            # 5. commit: cache, window, pool, statistics
+            keep_committed(cache, past, layout, verdict.candidate, len(emitted))
+            if n_levels:
+                for ngram in window.update(t, [scorer.raw_choice(r) for r in layout.last_level_rows]):
+                    pool.add(ngram)
+            committed.extend(emitted)
+            if cfg.pool_from_output:
+                pool.add_sequence(committed, start=len(committed) - len(emitted) - n + 1)
+            stats.steps += 1
+            stats.accepted_hist[len(verdict.emitted) - 1] += 1
+
+        stats.new_tokens = len(committed) - n_prompt
+        stats.decode_seconds = time.perf_counter() - start
+        if streamer is not None:
+            streamer.end()
+        logger.debug("lookahead %s: %s", cfg, stats.as_dict())
+        if not generation_config.return_dict_in_generate:
+            return input_ids
+        return GenerateDecoderOnlyOutput(
+            sequences=input_ids,
+            scores=scores if want_scores else None,
+            logits=raw_logits if want_logits else None,
+            cache=cache,
+        )
+
+
+__all__ = ["Lookahead"]

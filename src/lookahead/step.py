@@ -1,0 +1,123 @@
+"""Pieces of one decoding step: input checks, scoring rows, and keeping the cache exact."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .layout import StepLayout
+from .support import MaskSpec
+
+
+def validate_call(model, input_ids, generation_config, synced_gpus, model_kwargs) -> None:
+    """Refuse, before any decoding, what this loop cannot do exactly."""
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+        raise ValueError(
+            f"lookahead decoding runs one sequence at a time for now; got a batch of shape "
+            f"{tuple(input_ids.shape)}. Call generate once per prompt."
+        )
+    if input_ids.shape[1] == 0:
+        raise ValueError("the prompt is empty: give at least one token (e.g. the BOS token)")
+    if generation_config.do_sample:
+        raise ValueError("lookahead decoding supports greedy decoding only for now: pass do_sample=False")
+    if (generation_config.num_beams or 1) > 1:
+        raise ValueError("lookahead decoding does not do beam search: pass num_beams=1")
+    if synced_gpus:
+        raise ValueError("lookahead decoding does not support synced_gpus (DeepSpeed ZeRO-3 / FSDP)")
+    if generation_config.return_dict_in_generate and (
+        generation_config.output_attentions or generation_config.output_hidden_states
+    ):
+        raise ValueError(
+            "output_attentions and output_hidden_states are not available with lookahead decoding: "
+            "a step's forward pass mixes the emitted tokens with window and candidate rows"
+        )
+    if model_kwargs.get("inputs_embeds") is not None:
+        raise ValueError("lookahead decoding needs input_ids, not inputs_embeds")
+    for key in ("cache", "past_key_values"):
+        cache = model_kwargs.get(key)
+        if cache is not None and cache.get_seq_length() > 0:
+            raise ValueError("lookahead decoding starts from an empty cache: do not pass a filled cache")
+
+
+def prompt_tokens(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, spec: MaskSpec) -> list[int]:
+    """The prompt's tokens without left padding, checked against the model's position limit."""
+    tokens = input_ids[0].tolist()
+    if attention_mask is not None:
+        keep = attention_mask[0].tolist()
+        first = keep.index(1) if 1 in keep else len(keep)
+        if any(k == 0 for k in keep[first:]):
+            raise ValueError(
+                "the attention_mask has padding after the first real token: decoder-only models "
+                "need left padding (tokenizer.padding_side = 'left')"
+            )
+        tokens = tokens[first:]
+    if not tokens:
+        raise ValueError("the prompt is empty once its padding is removed")
+    if spec.max_positions is not None and len(tokens) >= spec.max_positions:
+        raise ValueError(
+            f"the prompt has {len(tokens)} tokens but the model takes at most {spec.max_positions} "
+            "positions: shorten the prompt"
+        )
+    return tokens
+
+
+class Scorer:
+    """The model's choices on one step's rows, raw (for the window) and processed (for output).
+
+    ``logits`` holds only the kept rows ([K, V], in ``layout.logit_rows`` order). Logits
+    processors see, for a candidate row, the prefix extended with that candidate's tokens up to
+    and including the row's own token, as plain decoding would have shown them.
+    """
+
+    def __init__(self, logits, layout: StepLayout, processors, input_ids, candidates: Sequence[Sequence[int]]):
+        self.logits = logits  # [K, V]
+        self.layout = layout
+        self.processors = processors if processors is not None and len(processors) > 0 else None
+        self.input_ids = input_ids  # [1, S]
+        self.candidates = candidates
+        self._argmax = logits.argmax(dim=-1).tolist()
+        self._processed: dict[int, torch.Tensor] = {}
+
+    def raw(self, row: int) -> torch.Tensor:  # [V] float32
+        return self.logits[self.layout.logit_index[row]].float()
+
+    def raw_choice(self, row: int) -> int:
+        return self._argmax[self.layout.logit_index[row]]
+
+    def processed(self, row: int) -> torch.Tensor:  # [V] float32
+        if self.processors is None:
+            return self.raw(row)
+        if row not in self._processed:
+            prefix = self.input_ids
+            where = self.layout.candidate_position.get(row)
+            if where is not None:
+                k, j = where
+                extra = self.input_ids.new_tensor([self.candidates[k][: j + 1]])
+                prefix = torch.cat([prefix, extra], dim=-1)
+            self._processed[row] = self.processors(prefix, self.raw(row)[None].clone())[0]
+        return self._processed[row]
+
+    def choice(self, row: int) -> int:
+        if self.processors is None:
+            return self.raw_choice(row)
+        return int(self.processed(row).argmax())
+
+    def candidate_choice(self, k: int, j: int) -> int:
+        return self.choice(self.layout.candidate_rows[k][j])
+
+
+def keep_committed(cache, past: int, layout: StepLayout, candidate: int | None, emitted: int) -> None:
+    """Leave in the cache exactly the committed tokens but the newest.
+
+    The step appended ``layout.length`` entries after ``past``. Keep t's entry, move the entries
+    of the first ``emitted - 1`` tokens of the accepted candidate right behind it, drop the rest.
+    """
+    kept = emitted - 1  # accepted candidate tokens that are now committed and cached
+    if candidate is not None and kept > 0:
+        src = torch.tensor([past + r for r in layout.candidate_rows[candidate][:kept]])
+        for layer in cache.layers:
+            src_dev = src.to(layer.keys.device)
+            layer.keys[:, :, past + 1 : past + 1 + kept] = layer.keys[:, :, src_dev]
+            layer.values[:, :, past + 1 : past + 1 + kept] = layer.values[:, :, src_dev]
+    cache.crop(-(layout.length - emitted))

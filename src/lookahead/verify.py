@@ -1,0 +1,62 @@
+"""Greedy verification of candidate n-grams.
+
+Glossary:
+* **accepted tokens**: candidate tokens that equal the model's own greedy choice at their position;
+* **bonus token**: the model's choice right after the last accepted token (always emitted);
+* a step therefore emits ``accepted + 1`` tokens, between 1 and N.
+
+The walk follows the model through the candidates, like a token tree: at depth j, the candidates
+still alive are those whose first j tokens were all accepted. They share the same context, so
+the first alive candidate's row gives the model's next choice.
+
+Worked example, with y0 the model's choice after t, and ``predict(k, j)`` the model's choice after
+token j of candidate k::
+
+    candidates = [(5, 9), (5, 6)]      y0 = 5
+    predict    = {(0, 0): 6, (1, 0): 6, (1, 1): 4}
+    depth 0: both start with 5 == y0, emit predict(0, 0) = 6
+    depth 1: only candidate 1 has 6 there, emit predict(1, 1) = 4
+    -> emitted (5, 6, 4), accepted candidate 1 with 2 tokens (5, 6) and bonus token 4.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Verdict:
+    emitted: tuple[int, ...]  # y0, then one token per accepted candidate token (the last is the bonus)
+    candidate: int | None  # index of the accepted candidate, None when nothing was accepted
+    path: tuple[tuple[int, int], ...]  # (candidate, depth) of the row behind each emitted token after y0
+
+    @property
+    def accepted(self) -> int:
+        return len(self.emitted) - 1
+
+
+def verify_greedy(
+    first: int,
+    candidates: Sequence[Sequence[int]],
+    predict: Callable[[int, int], int],
+) -> Verdict:
+    """Accept the longest candidate prefix that the model agrees with, plus the bonus token.
+
+    ``first`` is the model's choice after t; ``predict(k, j)`` gives its choice after token j of
+    candidate k (called lazily, only along the accepted path).
+    """
+    emitted = [int(first)]
+    path: list[tuple[int, int]] = []
+    alive = list(range(len(candidates)))
+    chosen = None
+    depth = 0
+    while alive:
+        alive = [k for k in alive if depth < len(candidates[k]) and candidates[k][depth] == emitted[-1]]
+        if not alive:
+            break
+        chosen = alive[0]
+        emitted.append(int(predict(chosen, depth)))
+        path.append((chosen, depth))
+        depth += 1
+    return Verdict(emitted=tuple(emitted), candidate=chosen, path=tuple(path))
