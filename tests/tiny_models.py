@@ -1,0 +1,54 @@
+"""Tiny random-weight models built from configs, for exactness tests (fp32, no download)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+VOCAB = 96
+COMMON = dict(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+# architecture -> config overrides; each is a 2-layer model with a 96-token vocabulary
+CONFIGS: dict[str, dict] = {
+    "llama": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=512),
+    "mistral": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, max_position_embeddings=512, sliding_window=16),
+    "qwen2": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=512),
+    "qwen3": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, max_position_embeddings=512),
+    "gemma3_text": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=16, max_position_embeddings=512, sliding_window=8,
+                        layer_types=["sliding_attention", "full_attention"]),
+    "gpt2": dict(n_embd=64, n_layer=2, n_head=4, n_positions=256),
+    "gpt_neox": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                     max_position_embeddings=512),
+    "opt": dict(hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
+                max_position_embeddings=256, word_embed_proj_dim=64),
+    # phi3's default pad_token_id (32000) lies outside a small vocabulary
+    "phi3": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=512, pad_token_id=0),
+}
+
+
+@functools.cache
+def tiny_model(arch: str, seed: int = 0):
+    torch.manual_seed(seed)
+    config = AutoConfig.for_model(arch, **{**COMMON, **CONFIGS[arch]})
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    # Sharper-than-default weights give the model habits (repeated phrases), as real models have,
+    # so that candidates get accepted and multi-token steps really happen.
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() >= 2:
+                param.mul_(6.0)
+    return model.eval()
+
+
+def repetitive_prompt(length: int = 24, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    motif = torch.randint(3, VOCAB, (6,), generator=gen)
+    return torch.cat([torch.tensor([1]), motif.repeat(length // 6 + 1)[: length - 1]])[None]
