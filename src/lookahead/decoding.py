@@ -12,11 +12,13 @@ transformers prepares the inputs, the logits processors and the stopping criteri
 
 from __future__ import annotations
 
+import copy
+import functools
 import logging
 import time
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, StoppingCriteriaList, StopStringCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .config import LookaheadConfig, LookaheadStats
@@ -66,6 +68,28 @@ class Lookahead:
     def __repr__(self) -> str:
         given = {k: v for k, v in self._overrides.items() if v is not None and k[0] in "wnm"}
         return f"Lookahead({', '.join(f'{k}={v}' for k, v in given.items())})"
+
+    def generate(self, model, inputs=None, **kwargs):
+        """``model.generate(inputs, custom_generate=self, **kwargs)``, plus what transformers 5.x
+        does not hand on to a ``custom_generate`` callable: ``streamer``, and ``stop_strings``
+        with their ``tokenizer``. Use this method whenever you stream or stop on strings.
+        """
+        streamer = kwargs.get("streamer")  # left in kwargs: generate itself streams the prompt
+        tokenizer = kwargs.pop("tokenizer", None)
+        config = kwargs.get("generation_config")
+        stop_strings = kwargs.pop("stop_strings", None)
+        if stop_strings is None and getattr(config or model.generation_config, "stop_strings", None):
+            config = copy.deepcopy(config or model.generation_config)
+            stop_strings, config.stop_strings = config.stop_strings, None
+            kwargs["generation_config"] = config
+        if stop_strings:
+            if tokenizer is None:
+                raise ValueError("stop_strings need the model's tokenizer: pass tokenizer=...")
+            criteria = StoppingCriteriaList(kwargs.pop("stopping_criteria", None) or [])
+            criteria.append(StopStringCriteria(tokenizer, stop_strings))
+            kwargs["stopping_criteria"] = criteria
+        loop = functools.partial(self, streamer=streamer) if streamer is not None else self
+        return model.generate(inputs, custom_generate=loop, **kwargs)
 
     @torch.no_grad()
     def __call__(

@@ -1,0 +1,103 @@
+"""Command line: ``lookahead generate "PROMPT"``.
+
+The library never prints; this module formats what it returns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+from . import models
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, not usage + traceback
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="lookahead", description="Lossless lookahead decoding for transformers models.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    gen = sub.add_parser("generate", help="generate text with lookahead decoding, streaming it")
+    gen.add_argument("prompt", help="the prompt text")
+    gen.add_argument("--model", default=models.DEFAULT_MODEL,
+                     help=f"{' | '.join(models.BUNDLED)} | PATH to a local checkpoint (default: %(default)s)")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    gen.add_argument("-W", "--window-size", type=int, help="window columns W (default: picked for the device)")
+    gen.add_argument("-N", "--ngram-size", type=int, help="n-gram size N (default: picked for the device)")
+    gen.add_argument("-G", "--max-candidates", type=int, help="candidates per step G (default: picked)")
+    gen.add_argument("--max-new-tokens", type=int, default=256, help="default: %(default)s")
+    gen.add_argument("--dtype", default="float32", choices=sorted(models.DTYPES), help="default: %(default)s")
+    gen.add_argument("--compare", action="store_true",
+                     help="also run plain model.generate and report its speed and whether outputs match")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        return _generate(args)
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, OSError) as err:  # our errors say what to change
+        print(f"lookahead: error: {err}", file=sys.stderr)
+        return 1
+
+
+def _generate(args) -> int:
+    import transformers
+    from transformers import TextStreamer
+
+    from .decoding import Lookahead
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    if args.max_new_tokens < 1:
+        raise ValueError("--max-new-tokens must be at least 1")
+    lookahead = Lookahead(args.window_size, args.ngram_size, args.max_candidates)  # validates W/N/G
+    model, tokenizer = models.load(args.model, dtype=args.dtype)
+    text = args.prompt
+    if args.chat:
+        if tokenizer.chat_template is None:
+            raise ValueError(f"model {args.model!r} has no chat template: drop --chat")
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+        )
+    inputs = tokenizer(text, return_tensors="pt", add_special_tokens=not args.chat).to(model.device)
+    settings = dict(max_new_tokens=args.max_new_tokens, do_sample=False)
+
+    streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+    start = time.perf_counter()
+    out = lookahead.generate(model, **inputs, streamer=streamer, **settings)
+    seconds = time.perf_counter() - start
+    stats = lookahead.last_stats
+    cfg = stats.config
+    print()
+    print(
+        f"[lookahead W={cfg.window_size} N={cfg.ngram_size} G={cfg.max_candidates}] "
+        f"{stats.new_tokens} tokens in {seconds:.2f} s: {stats.new_tokens / seconds:.1f} tokens/s, "
+        f"{stats.tokens_per_step:.2f} tokens/step, mean accepted length {stats.mean_accepted:.2f}"
+    )
+    if args.compare:
+        start = time.perf_counter()
+        plain = model.generate(**inputs, **settings)
+        plain_seconds = time.perf_counter() - start
+        new = plain.shape[1] - inputs["input_ids"].shape[1]
+        same = plain.shape == out.shape and bool((plain == out).all())
+        print(
+            f"[plain generate] {new} tokens in {plain_seconds:.2f} s: {new / plain_seconds:.1f} tokens/s; "
+            f"speedup {plain_seconds / seconds:.2f}x; outputs {'identical' if same else 'DIFFER'}"
+        )
+        if not same:
+            return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
