@@ -22,7 +22,7 @@ CONFIGS: dict[str, dict] = {
                   num_key_value_heads=2, head_dim=16, max_position_embeddings=512),
     "gemma3_text": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                         num_key_value_heads=2, head_dim=16, max_position_embeddings=512, sliding_window=8,
-                        layer_types=["sliding_attention", "full_attention"]),
+                        layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=16),
     "gpt2": dict(n_embd=64, n_layer=2, n_head=4, n_positions=256),
     "gpt_neox": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                      max_position_embeddings=512),
@@ -34,17 +34,22 @@ CONFIGS: dict[str, dict] = {
 }
 
 
+SHARPEN = {"gemma3_text": (3.0, False)}  # arch -> (weight scale, scale the embeddings too)
+
+
 @functools.cache
 def tiny_model(arch: str, seed: int = 0):
     torch.manual_seed(seed)
     config = AutoConfig.for_model(arch, **{**COMMON, **CONFIGS[arch]})
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
     # Sharper-than-default weights give the model habits (repeated phrases), as real models have,
-    # so that candidates get accepted and multi-token steps really happen.
+    # so that candidates get accepted and multi-token steps really happen. Gemma scales its
+    # embeddings itself; sharpened further, it repeats a single token forever.
+    scale, embeddings = SHARPEN.get(arch, (6.0, True))
     with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() >= 2:
-                param.mul_(6.0)
+        for name, param in model.named_parameters():
+            if param.dim() >= 2 and (embeddings or "embed" not in name):
+                param.mul_(scale)
     return model.eval()
 
 
@@ -52,3 +57,19 @@ def repetitive_prompt(length: int = 24, seed: int = 0) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     motif = torch.randint(3, VOCAB, (6,), generator=gen)
     return torch.cat([torch.tensor([1]), motif.repeat(length // 6 + 1)[: length - 1]])[None]
+
+
+@functools.cache
+def char_tokenizer():
+    """A tokenizer whose tokens are single characters, matching the tiny models' vocabulary."""
+    import string
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = (string.ascii_letters + string.digits + string.punctuation)[: VOCAB - 3]
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{c: i + 3 for i, c in enumerate(chars)}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")

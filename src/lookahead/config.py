@@ -63,7 +63,9 @@ class LookaheadStats:
     """What one generate call did. Read it from ``Lookahead.last_stats`` after the call.
 
     ``steps`` counts decoding forward passes (the prefill is not a step). ``accepted_hist[k]`` is
-    the number of steps that emitted k + 1 tokens (k accepted candidate tokens plus one).
+    the number of steps whose verification produced k + 1 tokens (k accepted candidate tokens
+    plus the bonus token); a stop (EOS, stop string, max length) inside a step drops the tokens
+    after it, counted in ``truncated_tokens``.
     """
 
     config: LookaheadConfig
@@ -71,12 +73,13 @@ class LookaheadStats:
     new_tokens: int = 0
     steps: int = 0
     accepted_hist: list[int] = field(default_factory=list)
+    truncated_tokens: int = 0  # verified tokens dropped because a stop came before them
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
 
     @property
     def tokens_per_step(self) -> float:
-        """New tokens per decoding step, including the token the prefill produces."""
+        """New tokens per decoding step (the compression ratio over plain decoding)."""
         return self.new_tokens / max(1, self.steps)
 
     @property
@@ -104,6 +107,7 @@ class LookaheadStats:
             "tokens_per_step": self.tokens_per_step,
             "mean_accepted": self.mean_accepted,
             "accepted_hist": list(self.accepted_hist),
+            "truncated_tokens": self.truncated_tokens,
             "prefill_seconds": self.prefill_seconds,
             "decode_seconds": self.decode_seconds,
             "tokens_per_second": self.tokens_per_second,

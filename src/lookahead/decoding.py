@@ -194,6 +194,7 @@ class Lookahead:
                 pool.add_sequence(committed, start=len(committed) - len(emitted) - n + 1)
             stats.steps += 1
             stats.accepted_hist[len(verdict.emitted) - 1] += 1
+            stats.truncated_tokens += len(verdict.emitted) - len(emitted)
 
         stats.new_tokens = len(committed) - n_prompt
         stats.decode_seconds = time.perf_counter() - start

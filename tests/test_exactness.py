@@ -1,0 +1,99 @@
+"""The headline invariant: lookahead output == model.generate(do_sample=False), token for token.
+
+Tiny random-weight models of nine architectures, fp32, several (W, N, G) including the edges.
+Each case also counts forward passes, so that the multi-token (acceptance) path is proven to run.
+"""
+
+import pytest
+import torch
+from tiny_models import CONFIGS, repetitive_prompt, tiny_model
+
+from lookahead import Lookahead
+from lookahead.support import check_model
+
+SETTINGS = [(4, 4, 4), (5, 3, 5), (2, 2, 3), (1, 3, 2), (3, 5, 0), (0, 4, 4)]
+NEW_TOKENS = 40
+
+
+@pytest.mark.parametrize("arch", list(CONFIGS))
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: "W{}N{}G{}".format(*s))
+def test_matches_greedy(arch, setting, count_forwards):
+    model = tiny_model(arch)
+    check_model(model)  # the one-time probe, outside the forward count
+    steps = new = 0
+    for seed in range(3):
+        prompt = repetitive_prompt(24, seed)
+        expected = model.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False)
+        lookahead = Lookahead(*setting)
+        counter = count_forwards(model)
+        got = model.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, custom_generate=lookahead)
+        counter.close()
+        assert got.tolist() == expected.tolist(), f"{arch} {setting} prompt {seed}"
+        stats = lookahead.last_stats
+        assert counter.count == stats.steps + 1  # prefill + one pass per step
+        assert stats.new_tokens == got.shape[1] - prompt.shape[1]
+        steps, new = steps + stats.steps, new + stats.new_tokens
+    if setting[2] == 0:
+        assert steps == new  # no candidates: exactly one token per step
+    else:
+        assert steps < new, f"no multi-token step happened for {arch} {setting}"
+
+
+def test_sliding_window_mask_matters():
+    """Past the window, gemma3's sliding layers must get their own mask: a single full mask
+    would let them see too far back and change the output."""
+    from lookahead import support
+
+    model = tiny_model("gemma3_text")
+    prompt = repetitive_prompt(30, 1)
+    expected = model.generate(prompt, max_new_tokens=30, do_sample=False)
+    spec = check_model(model)
+    assert spec.layer_types == ("sliding_attention", "full_attention") and spec.sliding_window == 8
+    full_only = support.MaskSpec(("full_attention",), None, spec.max_positions)
+    support._checked[model] = (model.config._attn_implementation, full_only)
+    try:
+        wrong = model.generate(prompt, max_new_tokens=30, do_sample=False, custom_generate=Lookahead(4, 4, 4))
+    finally:
+        support._checked.pop(model)
+    assert wrong.tolist() != expected.tolist()
+    right = model.generate(prompt, max_new_tokens=30, do_sample=False, custom_generate=Lookahead(4, 4, 4))
+    assert right.tolist() == expected.tolist()
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 3, 7])
+def test_max_new_tokens_is_exact(max_new_tokens):
+    model = tiny_model("llama")
+    prompt = repetitive_prompt(24, 0)
+    expected = model.generate(prompt, max_new_tokens=max_new_tokens, do_sample=False)
+    got = model.generate(prompt, max_new_tokens=max_new_tokens, do_sample=False, custom_generate=Lookahead(4, 4, 4))
+    assert got.tolist() == expected.tolist()
+    assert got.shape[1] == prompt.shape[1] + max_new_tokens
+
+
+def test_one_token_prompt():
+    model = tiny_model("qwen2")
+    prompt = torch.tensor([[1]])
+    expected = model.generate(prompt, max_new_tokens=20, do_sample=False)
+    got = model.generate(prompt, max_new_tokens=20, do_sample=False, custom_generate=Lookahead(3, 3, 3))
+    assert got.tolist() == expected.tolist()
+
+
+def test_left_padded_single_prompt():
+    model = tiny_model("llama")
+    prompt = repetitive_prompt(20, 2)
+    padded = torch.cat([torch.zeros(1, 5, dtype=torch.long), prompt], dim=1)
+    mask = torch.cat([torch.zeros(1, 5, dtype=torch.long), torch.ones_like(prompt)], dim=1)
+    expected = model.generate(padded, attention_mask=mask, max_new_tokens=30, do_sample=False)
+    got = model.generate(padded, attention_mask=mask, max_new_tokens=30, do_sample=False,
+                         custom_generate=Lookahead(4, 4, 4))
+    assert got.tolist() == expected.tolist()
+
+
+def test_long_generation_with_learned_positions_near_the_table_end():
+    """gpt2 has a 256-entry position table: the window must never reach past it."""
+    model = tiny_model("gpt2")
+    prompt = repetitive_prompt(200, 3)
+    expected = model.generate(prompt, max_new_tokens=56, do_sample=False)
+    got = model.generate(prompt, max_new_tokens=56, do_sample=False, custom_generate=Lookahead(5, 4, 4))
+    assert got.tolist() == expected.tolist()
+    assert got.shape[1] == 256

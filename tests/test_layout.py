@@ -1,0 +1,88 @@
+"""The step layout: hand-checked tables, and the laws every layout must obey."""
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lookahead.layout import build_layout
+
+
+def visible(layout, row):
+    return set(torch.nonzero(layout.mask[row]).flatten().tolist())
+
+
+def test_positions_match_the_paper_example():
+    # W=5, N=4 (3 levels), G=2: t + level 0 | level 1 | level 2 | candidate 0 | candidate 1
+    layout = build_layout(1, 5, 3, 2, 3)
+    assert layout.positions.tolist() == [0, 1, 2, 3, 4] + [1, 2, 3, 4, 5] + [2, 3, 4, 5, 6] + [1, 2, 3] * 2
+    assert layout.length == 21
+    assert layout.t_row == 0
+    assert layout.level_rows == ((1, 2, 3, 4), (5, 6, 7, 8, 9), (10, 11, 12, 13, 14))
+    assert layout.candidate_rows == ((15, 16, 17), (18, 19, 20))
+    assert layout.last_level_rows == (10, 11, 12, 13, 14)
+
+
+def test_mask_rows_hand_checked():
+    layout = build_layout(1, 5, 3, 2, 3)
+    assert visible(layout, 0) == {0}  # t
+    assert visible(layout, 3) == {0, 1, 2, 3}  # level 0, column 3
+    assert visible(layout, 5) == {0, 5}  # level 1, column 0: t then itself
+    assert visible(layout, 7) == {0, 1, 2, 7}  # level 1, column 2
+    assert visible(layout, 12) == {0, 1, 2, 7, 12}  # level 2, column 2
+    assert visible(layout, 17) == {0, 15, 16, 17}  # candidate 0, token 2
+    assert visible(layout, 18) == {0, 18}  # candidate 1, token 0
+
+
+def test_logits_only_for_used_rows():
+    layout = build_layout(1, 5, 3, 2, 3)
+    assert layout.logit_rows.tolist() == [0, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
+    assert layout.logit_index[10] == 1
+    assert layout.candidate_position[19] == (1, 1)
+    # while the window holds level 0 only, t's row is column 0 of the last level
+    warm = build_layout(1, 4, 1, 0, 0)
+    assert warm.last_level_rows == (0, 1, 2, 3)
+
+
+def test_edge_settings():
+    plain = build_layout(1, 0, 0, 0, 0)  # W=0, G=0: plain decoding
+    assert plain.length == 1 and plain.last_level_rows == () and plain.candidate_rows == ()
+    narrow = build_layout(1, 1, 3, 1, 3)  # W=1: one column, level 0 is empty
+    assert narrow.positions.tolist() == [0, 1, 2, 1, 2, 3]
+    assert narrow.last_level_rows == (2,)
+    assert visible(narrow, 2) == {0, 1, 2}
+    prefix = build_layout(3, 2, 2, 1, 1)  # three uncached tokens, t is the last
+    assert prefix.positions.tolist() == [-2, -1, 0, 1, 1, 2, 1]
+    assert prefix.t_row == 2
+
+
+@given(
+    n_prefix=st.integers(1, 3),
+    window=st.integers(0, 6),
+    n_levels=st.integers(0, 5),
+    n_candidates=st.integers(0, 4),
+    candidate_len=st.integers(0, 5),
+)
+def test_every_row_sees_exactly_one_token_per_earlier_position(n_prefix, window, n_levels, n_candidates,
+                                                                candidate_len):
+    """The law behind exactness: each row's context is a plain sequence ending at its position."""
+    layout = build_layout(n_prefix, window, n_levels, n_candidates, candidate_len)
+    pos = layout.positions.tolist()
+    assert layout.mask.shape == (layout.length, layout.length)
+    for row in range(layout.length):
+        seen = sorted(visible(layout, row))
+        assert row in seen and max(seen) == row  # itself, and nothing later in the input
+        assert sorted(pos[r] for r in seen) == list(range(-(n_prefix - 1), pos[row] + 1))
+
+
+@given(window=st.integers(1, 6), n_levels=st.integers(1, 5), n_candidates=st.integers(1, 4),
+       candidate_len=st.integers(1, 5))
+def test_branches_and_candidates_never_see_each_other(window, n_levels, n_candidates, candidate_len):
+    layout = build_layout(1, window, n_levels, n_candidates, candidate_len)
+    window_rows = {r for level in layout.level_rows for r in level}
+    for k, cand in enumerate(layout.candidate_rows):
+        others = {r for j, c in enumerate(layout.candidate_rows) if j != k for r in c}
+        for row in cand:
+            assert not visible(layout, row) & (window_rows | others)
+    cand_rows = {r for c in layout.candidate_rows for r in c}
+    for row in window_rows:
+        assert not visible(layout, row) & cand_rows
