@@ -12,17 +12,19 @@ from .support import MaskSpec
 
 def validate_call(model, input_ids, generation_config, synced_gpus, model_kwargs) -> None:
     """Refuse, before any decoding, what this loop cannot do exactly."""
-    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
-        raise ValueError(
-            f"lookahead decoding runs one sequence at a time for now; got a batch of shape "
-            f"{tuple(input_ids.shape)}. Call generate once per prompt."
-        )
     if input_ids.shape[1] == 0:
         raise ValueError("the prompt is empty: give at least one token (e.g. the BOS token)")
     if generation_config.do_sample:
         raise ValueError("lookahead decoding supports greedy decoding only for now: pass do_sample=False")
     if (generation_config.num_beams or 1) > 1:
         raise ValueError("lookahead decoding does not do beam search: pass num_beams=1")
+    if (generation_config.num_return_sequences or 1) > 1:
+        raise ValueError("lookahead decoding is greedy: num_return_sequences > 1 would repeat one output")
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+        raise ValueError(
+            f"lookahead decoding runs one sequence at a time for now; got a batch of shape "
+            f"{tuple(input_ids.shape)}. Call generate once per prompt."
+        )
     if synced_gpus:
         raise ValueError("lookahead decoding does not support synced_gpus (DeepSpeed ZeRO-3 / FSDP)")
     if generation_config.return_dict_in_generate and (

@@ -1,0 +1,137 @@
+"""Bad input and unsupported models get a clear error before any decoding, and nothing is lost."""
+
+import pytest
+import torch
+from tiny_models import COMMON, repetitive_prompt, tiny_model
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM
+
+from lookahead import Lookahead, LookaheadConfig, UnsupportedModelError
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(window_size=-1), r"window_size \(W\) must be an integer >= 0"),
+    (dict(ngram_size=1), r"ngram_size \(N\) must be an integer >= 2"),
+    (dict(max_candidates=-2), r"max_candidates \(G\) must be an integer >= 0"),
+    (dict(window_size=2.5), r"window_size \(W\)"),
+    (dict(ngram_size=True), r"ngram_size \(N\)"),
+    (dict(max_candidates="4"), r"max_candidates \(G\)"),
+])
+def test_invalid_settings_say_what_is_allowed(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Lookahead(**kwargs)
+    with pytest.raises(ValueError, match=match):
+        LookaheadConfig(**{"window_size": 4, "ngram_size": 4, "max_candidates": 4, **kwargs})
+
+
+def test_default_is_valid_and_overridable():
+    la = Lookahead(ngram_size=3)
+    cfg = la.config_for("cpu")
+    assert cfg.ngram_size == 3 and cfg.window_size >= 0 and cfg.max_candidates >= 0
+    assert la.config_for("cuda").window_size >= cfg.window_size
+
+
+def generate(model, prompt, **kwargs):
+    return model.generate(prompt, custom_generate=Lookahead(4, 4, 4), **{"max_new_tokens": 5, **kwargs})
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(do_sample=True), "do_sample=False"),
+    (dict(num_beams=2), "num_beams=1"),
+    (dict(return_dict_in_generate=True, output_attentions=True), "output_attentions"),
+    (dict(num_return_sequences=2), "num_return_sequences"),
+])
+def test_unsupported_options(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        generate(tiny_model("llama"), repetitive_prompt(), **kwargs)
+
+
+def test_batches_are_refused_for_now():
+    prompt = torch.cat([repetitive_prompt(12, 0), repetitive_prompt(12, 1)])
+    with pytest.raises(ValueError, match="one sequence at a time"):
+        generate(tiny_model("llama"), prompt)
+
+
+def test_right_padding_is_refused():
+    prompt = repetitive_prompt(12, 0)
+    mask = torch.ones_like(prompt)
+    mask[0, -3:] = 0
+    with pytest.raises(ValueError, match="left padding"):
+        generate(tiny_model("llama"), prompt, attention_mask=mask)
+
+
+def test_empty_prompt_is_refused():
+    with pytest.raises(ValueError, match="empty"):
+        generate(tiny_model("llama"), torch.zeros(1, 0, dtype=torch.long))
+    padded = torch.zeros(1, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match="empty"):
+        generate(tiny_model("llama"), padded, attention_mask=torch.zeros_like(padded))
+
+
+def test_too_long_prompt_is_refused():
+    model = tiny_model("gpt2")  # 256 positions
+    with pytest.raises(ValueError, match="at most 256 positions"):
+        generate(model, repetitive_prompt(300))
+
+
+def test_zero_new_tokens_is_refused_as_transformers_does():
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(tiny_model("llama"), repetitive_prompt(), max_new_tokens=0)
+
+
+def test_filled_cache_is_refused():
+    from transformers import DynamicCache
+
+    model = tiny_model("llama")
+    cache = DynamicCache()
+    model(repetitive_prompt(8), cache=cache, use_cache=True)
+    with pytest.raises(ValueError, match="empty cache"):
+        generate(model, repetitive_prompt(12), cache=cache)
+
+
+def test_encoder_decoder_model_is_refused():
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    model = T5ForConditionalGeneration(T5Config(vocab_size=64, d_model=32, d_ff=64, d_kv=8, num_layers=1,
+                                                num_heads=2, decoder_start_token_id=0)).eval()
+    with pytest.raises(UnsupportedModelError, match="encoder-decoder"):
+        model.generate(torch.tensor([[5, 6, 7]]), custom_generate=Lookahead(), max_new_tokens=3)
+
+
+def test_state_space_model_is_refused():
+    config = AutoConfig.for_model("mamba", vocab_size=64, hidden_size=32, state_size=4, num_hidden_layers=1)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with pytest.raises(UnsupportedModelError, match="state-space"):
+        model.generate(torch.tensor([[5, 6, 7]]), custom_generate=Lookahead(), max_new_tokens=3)
+
+
+class MaskIgnoringLlama(LlamaForCausalLM):
+    """A model whose attention ignores the attention_mask it is given."""
+
+    def forward(self, *args, attention_mask=None, position_ids=None, **kwargs):
+        return super().forward(*args, **kwargs)
+
+
+class CachelessLlama(LlamaForCausalLM):
+    def forward(self, *args, use_cache=None, cache=None, **kwargs):
+        return super().forward(*args, use_cache=False, **kwargs)
+
+
+@pytest.mark.parametrize("cls,match", [(MaskIgnoringLlama, "ignores custom 4D attention masks"),
+                                       (CachelessLlama, "KV cache")])
+def test_models_that_cannot_run_exactly_are_refused(cls, match):
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("llama", **COMMON, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                  num_attention_heads=2)
+    model = cls(config).eval()
+    with pytest.raises(UnsupportedModelError, match=match):
+        model.generate(repetitive_prompt(), custom_generate=Lookahead(), max_new_tokens=3)
+
+
+def test_flash_attention_is_refused():
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("llama", **COMMON, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                  num_attention_heads=2)
+    model = LlamaForCausalLM(config).eval()
+    model.config._attn_implementation = "flash_attention_2"  # as if loaded with it; no GPU needed
+    with pytest.raises(UnsupportedModelError, match="attn_implementation='sdpa' or 'eager'"):
+        model.generate(repetitive_prompt(), custom_generate=Lookahead(), max_new_tokens=3)
