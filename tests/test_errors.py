@@ -8,14 +8,17 @@ from transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM
 from lookahead import Lookahead, LookaheadConfig, UnsupportedModelError
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(window_size=-1), r"window_size \(W\) must be an integer >= 0"),
-    (dict(ngram_size=1), r"ngram_size \(N\) must be an integer >= 2"),
-    (dict(max_candidates=-2), r"max_candidates \(G\) must be an integer >= 0"),
-    (dict(window_size=2.5), r"window_size \(W\)"),
-    (dict(ngram_size=True), r"ngram_size \(N\)"),
-    (dict(max_candidates="4"), r"max_candidates \(G\)"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(window_size=-1), r"window_size \(W\) must be an integer >= 0"),
+        (dict(ngram_size=1), r"ngram_size \(N\) must be an integer >= 2"),
+        (dict(max_candidates=-2), r"max_candidates \(G\) must be an integer >= 0"),
+        (dict(window_size=2.5), r"window_size \(W\)"),
+        (dict(ngram_size=True), r"ngram_size \(N\)"),
+        (dict(max_candidates="4"), r"max_candidates \(G\)"),
+    ],
+)
 def test_invalid_settings_say_what_is_allowed(kwargs, match):
     with pytest.raises(ValueError, match=match):
         Lookahead(**kwargs)
@@ -34,12 +37,15 @@ def generate(model, prompt, **kwargs):
     return model.generate(prompt, custom_generate=Lookahead(4, 4, 4), **{"max_new_tokens": 5, **kwargs})
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(do_sample=True), "do_sample=False"),
-    (dict(num_beams=2), "num_beams=1"),
-    (dict(return_dict_in_generate=True, output_attentions=True), "output_attentions"),
-    (dict(num_return_sequences=2), "num_return_sequences"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(do_sample=True), "do_sample=False"),
+        (dict(num_beams=2), "num_beams=1"),
+        (dict(return_dict_in_generate=True, output_attentions=True), "output_attentions"),
+        (dict(num_return_sequences=2), "num_return_sequences"),
+    ],
+)
 def test_unsupported_options(kwargs, match):
     with pytest.raises(ValueError, match=match):
         generate(tiny_model("llama"), repetitive_prompt(), **kwargs)
@@ -91,8 +97,9 @@ def test_filled_cache_is_refused():
 def test_encoder_decoder_model_is_refused():
     from transformers import T5Config, T5ForConditionalGeneration
 
-    model = T5ForConditionalGeneration(T5Config(vocab_size=64, d_model=32, d_ff=64, d_kv=8, num_layers=1,
-                                                num_heads=2, decoder_start_token_id=0)).eval()
+    model = T5ForConditionalGeneration(
+        T5Config(vocab_size=64, d_model=32, d_ff=64, d_kv=8, num_layers=1, num_heads=2, decoder_start_token_id=0)
+    ).eval()
     with pytest.raises(UnsupportedModelError, match="encoder-decoder"):
         model.generate(torch.tensor([[5, 6, 7]]), custom_generate=Lookahead(), max_new_tokens=3)
 
@@ -116,12 +123,14 @@ class CachelessLlama(LlamaForCausalLM):
         return super().forward(*args, use_cache=False, **kwargs)
 
 
-@pytest.mark.parametrize("cls,match", [(MaskIgnoringLlama, "ignores custom 4D attention masks"),
-                                       (CachelessLlama, "KV cache")])
+@pytest.mark.parametrize(
+    "cls,match", [(MaskIgnoringLlama, "ignores custom 4D attention masks"), (CachelessLlama, "KV cache")]
+)
 def test_models_that_cannot_run_exactly_are_refused(cls, match):
     torch.manual_seed(0)
-    config = AutoConfig.for_model("llama", **COMMON, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                  num_attention_heads=2)
+    config = AutoConfig.for_model(
+        "llama", **COMMON, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2
+    )
     model = cls(config).eval()
     with pytest.raises(UnsupportedModelError, match=match):
         model.generate(repetitive_prompt(), custom_generate=Lookahead(), max_new_tokens=3)
@@ -129,8 +138,9 @@ def test_models_that_cannot_run_exactly_are_refused(cls, match):
 
 def test_flash_attention_is_refused():
     torch.manual_seed(0)
-    config = AutoConfig.for_model("llama", **COMMON, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                  num_attention_heads=2)
+    config = AutoConfig.for_model(
+        "llama", **COMMON, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2
+    )
     model = LlamaForCausalLM(config).eval()
     model.config._attn_implementation = "flash_attention_2"  # as if loaded with it; no GPU needed
     with pytest.raises(UnsupportedModelError, match="attn_implementation='sdpa' or 'eager'"):

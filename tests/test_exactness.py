@@ -84,8 +84,9 @@ def test_left_padded_single_prompt():
     padded = torch.cat([torch.zeros(1, 5, dtype=torch.long), prompt], dim=1)
     mask = torch.cat([torch.zeros(1, 5, dtype=torch.long), torch.ones_like(prompt)], dim=1)
     expected = model.generate(padded, attention_mask=mask, max_new_tokens=30, do_sample=False)
-    got = model.generate(padded, attention_mask=mask, max_new_tokens=30, do_sample=False,
-                         custom_generate=Lookahead(4, 4, 4))
+    got = model.generate(
+        padded, attention_mask=mask, max_new_tokens=30, do_sample=False, custom_generate=Lookahead(4, 4, 4)
+    )
     assert got.tolist() == expected.tolist()
 
 

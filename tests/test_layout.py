@@ -62,8 +62,7 @@ def test_edge_settings():
     n_candidates=st.integers(0, 4),
     candidate_len=st.integers(0, 5),
 )
-def test_every_row_sees_exactly_one_token_per_earlier_position(n_prefix, window, n_levels, n_candidates,
-                                                                candidate_len):
+def test_every_row_sees_exactly_one_token_per_earlier_position(n_prefix, window, n_levels, n_candidates, candidate_len):
     """The law behind exactness: each row's context is a plain sequence ending at its position."""
     layout = build_layout(n_prefix, window, n_levels, n_candidates, candidate_len)
     pos = layout.positions.tolist()
@@ -74,8 +73,12 @@ def test_every_row_sees_exactly_one_token_per_earlier_position(n_prefix, window,
         assert sorted(pos[r] for r in seen) == list(range(-(n_prefix - 1), pos[row] + 1))
 
 
-@given(window=st.integers(1, 6), n_levels=st.integers(1, 5), n_candidates=st.integers(1, 4),
-       candidate_len=st.integers(1, 5))
+@given(
+    window=st.integers(1, 6),
+    n_levels=st.integers(1, 5),
+    n_candidates=st.integers(1, 4),
+    candidate_len=st.integers(1, 5),
+)
 def test_branches_and_candidates_never_see_each_other(window, n_levels, n_candidates, candidate_len):
     layout = build_layout(1, window, n_levels, n_candidates, candidate_len)
     window_rows = {r for level in layout.level_rows for r in level}

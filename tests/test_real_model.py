@@ -15,7 +15,7 @@ CODE = [
     '    >>> is_palindrome("level")\n    True\n    >>> is_palindrome("hello")\n    False\n    """\n',
     "from typing import List\n\n\ndef running_max(numbers: List[int]) -> List[int]:\n"
     '    """From a list of integers, return the list of maxima seen so far.\n'
-    "    >>> running_max([1, 2, 3, 2, 3, 4, 2])\n    [1, 2, 3, 3, 3, 4, 4]\n    \"\"\"\n",
+    '    >>> running_max([1, 2, 3, 2, 3, 4, 2])\n    [1, 2, 3, 3, 3, 4, 4]\n    """\n',
 ]
 CHAT = [
     "Write a short poem about the sea.",
@@ -32,13 +32,17 @@ def smollm2():
 
 def encode(tokenizer, text, chat):
     if chat:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                             add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+        )
     return tokenizer(text, return_tensors="pt", add_special_tokens=not chat)
 
 
-@pytest.mark.parametrize("text,chat", [(t, False) for t in CODE] + [(t, True) for t in CHAT],
-                         ids=["code0", "code1", "chat0", "chat1", "chat2"])
+@pytest.mark.parametrize(
+    "text,chat",
+    [(t, False) for t in CODE] + [(t, True) for t in CHAT],
+    ids=["code0", "code1", "chat0", "chat1", "chat2"],
+)
 def test_real_model_matches_greedy(smollm2, text, chat):
     model, tokenizer = smollm2
     inputs = encode(tokenizer, text, chat)
@@ -69,15 +73,16 @@ def test_stop_string_and_streaming_on_real_tokenizer(smollm2):
     got = Lookahead(4, 4, 4).generate(model, **inputs, streamer=streamer, **kwargs)
     assert got.tolist() == expected.tolist()
     streamed = "".join(streamer)
-    assert streamed == tokenizer.decode(got[0, inputs["input_ids"].shape[1]:])
+    assert streamed == tokenizer.decode(got[0, inputs["input_ids"].shape[1] :])
     assert "return" in streamed[-12:]  # a stop string may end inside the last token
 
 
 def test_cli_generate_compare(capsys):
     from lookahead.cli import main
 
-    code = main(["generate", "def fibonacci(n):", "--max-new-tokens", "24", "--compare", "-W", "3", "-N", "4",
-                 "-G", "3"])
+    code = main(
+        ["generate", "def fibonacci(n):", "--max-new-tokens", "24", "--compare", "-W", "3", "-N", "4", "-G", "3"]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     assert "tokens/s" in out and "tokens/step" in out and "mean accepted length" in out

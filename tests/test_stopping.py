@@ -64,8 +64,9 @@ def test_user_stopping_criteria():
     free = model.generate(prompt, max_new_tokens=30, do_sample=False)[0, 24:].tolist()
     criteria = StoppingCriteriaList([StopAfterToken(free[15])])
     expected = model.generate(prompt, max_new_tokens=30, do_sample=False, stopping_criteria=criteria)
-    got = model.generate(prompt, max_new_tokens=30, do_sample=False, stopping_criteria=criteria,
-                         custom_generate=Lookahead(*SETTING))
+    got = model.generate(
+        prompt, max_new_tokens=30, do_sample=False, stopping_criteria=criteria, custom_generate=Lookahead(*SETTING)
+    )
     assert got.tolist() == expected.tolist()
 
 
@@ -74,16 +75,14 @@ def test_stop_strings():
     prompt = repetitive_prompt(24, 0)
     text = tok.decode(model.generate(prompt, max_new_tokens=40, do_sample=False)[0, 24:])
     for stop in (text[10:12], text[25:28]):
-        expected, got, _ = plain_and_lookahead(model, prompt, max_new_tokens=40, stop_strings=[stop],
-                                               tokenizer=tok)
+        expected, got, _ = plain_and_lookahead(model, prompt, max_new_tokens=40, stop_strings=[stop], tokenizer=tok)
         assert got.tolist() == expected.tolist()
         assert tok.decode(got[0, 24:]).endswith(stop)
 
 
 def test_stop_strings_need_a_tokenizer():
     with pytest.raises(ValueError, match="tokenizer"):
-        Lookahead(*SETTING).generate(tiny_model("llama"), repetitive_prompt(), max_new_tokens=5,
-                                     stop_strings=["ab"])
+        Lookahead(*SETTING).generate(tiny_model("llama"), repetitive_prompt(), max_new_tokens=5, stop_strings=["ab"])
 
 
 class Recorder:
@@ -108,13 +107,17 @@ def test_streamer_receives_every_token_in_order():
     assert ours.puts == plain.puts and ours.ended and plain.ended
 
 
-@pytest.mark.parametrize("processors", [
-    dict(repetition_penalty=1.3),
-    dict(no_repeat_ngram_size=3),
-    dict(min_new_tokens=10, eos_token_id=5),
-    dict(suppress_tokens=[7, 8, 9], begin_suppress_tokens=[10]),
-    dict(bad_words_ids=[[11], [12, 13]], sequence_bias={(14,): 3.0}),
-], ids=lambda d: "+".join(d))
+@pytest.mark.parametrize(
+    "processors",
+    [
+        dict(repetition_penalty=1.3),
+        dict(no_repeat_ngram_size=3),
+        dict(min_new_tokens=10, eos_token_id=5),
+        dict(suppress_tokens=[7, 8, 9], begin_suppress_tokens=[10]),
+        dict(bad_words_ids=[[11], [12, 13]], sequence_bias={(14,): 3.0}),
+    ],
+    ids=lambda d: "+".join(d),
+)
 @pytest.mark.parametrize("arch", ["llama", "opt"])
 def test_greedy_with_logits_processors_is_exact(arch, processors):
     model = tiny_model(arch)
@@ -127,17 +130,23 @@ def test_greedy_with_logits_processors_is_exact(arch, processors):
 def test_scores_and_logits_of_emitted_positions():
     model = tiny_model("llama")
     prompt = repetitive_prompt(24, 0)
-    kwargs = dict(max_new_tokens=25, do_sample=False, return_dict_in_generate=True, output_scores=True,
-                  output_logits=True, repetition_penalty=1.2)
+    kwargs = dict(
+        max_new_tokens=25,
+        do_sample=False,
+        return_dict_in_generate=True,
+        output_scores=True,
+        output_logits=True,
+        repetition_penalty=1.2,
+    )
     expected = model.generate(prompt, **kwargs)
     lookahead = Lookahead(*SETTING)
     got = model.generate(prompt, custom_generate=lookahead, **kwargs)
     assert lookahead.last_stats.steps < 25
     assert got.sequences.tolist() == expected.sequences.tolist()
     assert len(got.scores) == len(got.logits) == 25
-    for mine, theirs in zip(got.scores, expected.scores):
+    for mine, theirs in zip(got.scores, expected.scores, strict=True):
         torch.testing.assert_close(mine, theirs, atol=1e-4, rtol=1e-4)
-    for mine, theirs in zip(got.logits, expected.logits):
+    for mine, theirs in zip(got.logits, expected.logits, strict=True):
         torch.testing.assert_close(mine, theirs, atol=1e-4, rtol=1e-4)
     # the returned cache holds every token but the last, as transformers' own loop leaves it
     assert got.cache.get_seq_length() == got.sequences.shape[1] - 1

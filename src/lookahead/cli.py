@@ -25,16 +25,22 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     gen = sub.add_parser("generate", help="generate text with lookahead decoding, streaming it")
     gen.add_argument("prompt", help="the prompt text")
-    gen.add_argument("--model", default=models.DEFAULT_MODEL,
-                     help=f"{' | '.join(models.BUNDLED)} | PATH to a local checkpoint (default: %(default)s)")
+    gen.add_argument(
+        "--model",
+        default=models.DEFAULT_MODEL,
+        help=f"{' | '.join(models.BUNDLED)} | PATH to a local checkpoint (default: %(default)s)",
+    )
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("-W", "--window-size", type=int, help="window columns W (default: picked for the device)")
     gen.add_argument("-N", "--ngram-size", type=int, help="n-gram size N (default: picked for the device)")
     gen.add_argument("-G", "--max-candidates", type=int, help="candidates per step G (default: picked)")
     gen.add_argument("--max-new-tokens", type=int, default=256, help="default: %(default)s")
     gen.add_argument("--dtype", default="float32", choices=sorted(models.DTYPES), help="default: %(default)s")
-    gen.add_argument("--compare", action="store_true",
-                     help="also run plain model.generate and report its speed and whether outputs match")
+    gen.add_argument(
+        "--compare",
+        action="store_true",
+        help="also run plain model.generate and report its speed and whether outputs match",
+    )
     return parser
 
 

@@ -6,10 +6,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-# Defaults by device type, measured with `python benchmarks/pick_default.py` (see README):
-# on a CPU a step's cost grows quickly with its width, so the window stays small.
+# Defaults by device type. CPU: measured with benchmarks/pick_default.py on 2 cores, where a
+# forward pass over 2 tokens already costs ~1.3x one token (fp32; ~2x at 4 tokens in bf16): the
+# window's rows never paid for themselves, so the CPU default verifies pooled n-grams only
+# (prompt + output). CUDA: the paper's setting for 7B models on an A100, not measured here.
 _DEFAULTS = {
-    "cpu": (4, 4, 4),
+    "cpu": (0, 4, 4),
     "cuda": (15, 5, 15),
 }
 _FALLBACK = (7, 4, 7)
@@ -44,7 +46,7 @@ class LookaheadConfig:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
 
     @classmethod
-    def default_for(cls, device: torch.device | str, **overrides) -> "LookaheadConfig":
+    def default_for(cls, device: torch.device | str, **overrides) -> LookaheadConfig:
         """A good default for ``device``; explicit values in ``overrides`` win (None = default)."""
         w, n, g = _DEFAULTS.get(torch.device(device).type, _FALLBACK)
         chosen = {"window_size": w, "ngram_size": n, "max_candidates": g}

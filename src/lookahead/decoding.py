@@ -125,9 +125,13 @@ class Lookahead:
         # 1. prefill everything but t
         start = time.perf_counter()
         if len(committed) > 1:
-            model(input_ids=torch.tensor([committed[:-1]], device=device), cache=cache, use_cache=True,
-                  position_ids=torch.arange(len(committed) - 1, device=device)[None],
-                  **({"logits_to_keep": 1} if keep_logits else {}))
+            model(
+                input_ids=torch.tensor([committed[:-1]], device=device),
+                cache=cache,
+                use_cache=True,
+                position_ids=torch.arange(len(committed) - 1, device=device)[None],
+                **({"logits_to_keep": 1} if keep_logits else {}),
+            )
         stats.prefill_seconds = time.perf_counter() - start
         start = time.perf_counter()
 
@@ -171,7 +175,7 @@ class Lookahead:
 
             # 4. emit token by token, as plain decoding would, until something stops it
             emitted = []
-            for token, row in zip(verdict.emitted, emitted_rows):
+            for token, row in zip(verdict.emitted, emitted_rows, strict=True):
                 emitted.append(token)
                 if want_scores:
                     scores += (scorer.processed(row)[None],)

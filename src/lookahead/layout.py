@@ -59,9 +59,7 @@ class StepLayout:
 
 
 @lru_cache(maxsize=256)
-def build_layout(
-    n_prefix: int, window: int, n_levels: int, n_candidates: int, candidate_len: int
-) -> StepLayout:
+def build_layout(n_prefix: int, window: int, n_levels: int, n_candidates: int, candidate_len: int) -> StepLayout:
     """Lay out one step: ``n_prefix`` uncached tokens (the last is t), ``n_levels`` filled levels
     of a window of ``window`` columns, and ``n_candidates`` candidates of ``candidate_len`` tokens.
 

