@@ -40,7 +40,6 @@ def generate(model, prompt, **kwargs):
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        (dict(do_sample=True), "do_sample=False"),
         (dict(num_beams=2), "num_beams=1"),
         (dict(return_dict_in_generate=True, output_attentions=True), "output_attentions"),
         (dict(num_return_sequences=2), "num_return_sequences"),

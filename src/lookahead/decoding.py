@@ -26,7 +26,7 @@ from .layout import build_layout
 from .pool import NGramPool
 from .step import Scorer, keep_committed, prompt_tokens, validate_call
 from .support import check_model
-from .verify import verify_greedy
+from .verify import verify_greedy, verify_sampling
 from .window import JacobiWindow
 
 logger = logging.getLogger(__name__)
@@ -169,8 +169,11 @@ class Lookahead:
             logits = out.logits[0] if keep_logits else out.logits[0, layout.logit_rows.to(device)]
             scorer = Scorer(logits, layout, logits_processor, input_ids, candidates)
 
-            # 3. verify
-            verdict = verify_greedy(scorer.choice(layout.t_row), candidates, scorer.candidate_choice)
+            # 3. verify: greedy, or sampling that keeps the processed distribution exactly
+            if generation_config.do_sample:
+                verdict = verify_sampling(candidates, scorer.distribution)
+            else:
+                verdict = verify_greedy(scorer.choice(layout.t_row), candidates, scorer.candidate_choice)
             emitted_rows = [layout.t_row, *(layout.candidate_rows[k][j] for k, j in verdict.path)]
 
             # 4. emit token by token, as plain decoding would, until something stops it

@@ -14,8 +14,6 @@ def validate_call(model, input_ids, generation_config, synced_gpus, model_kwargs
     """Refuse, before any decoding, what this loop cannot do exactly."""
     if input_ids.shape[1] == 0:
         raise ValueError("the prompt is empty: give at least one token (e.g. the BOS token)")
-    if generation_config.do_sample:
-        raise ValueError("lookahead decoding supports greedy decoding only for now: pass do_sample=False")
     if (generation_config.num_beams or 1) > 1:
         raise ValueError("lookahead decoding does not do beam search: pass num_beams=1")
     if (generation_config.num_return_sequences or 1) > 1:
@@ -107,6 +105,11 @@ class Scorer:
 
     def candidate_choice(self, k: int, j: int) -> int:
         return self.choice(self.layout.candidate_rows[k][j])
+
+    def distribution(self, k: int | None, depth: int) -> torch.Tensor:  # [V], sums to 1
+        """Sampling distribution after t (depth 0) or after token depth-1 of candidate k."""
+        row = self.layout.t_row if depth == 0 else self.layout.candidate_rows[k][depth - 1]
+        return torch.softmax(self.processed(row), dim=-1)
 
 
 def keep_committed(cache, past: int, layout: StepLayout, candidate: int | None, emitted: int) -> None:

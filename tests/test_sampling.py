@@ -1,0 +1,184 @@
+"""Sampling keeps the model's distribution exactly, with every logits processor.
+
+Two-sample chi-square tests compare thousands of lookahead draws with transformers' own sampling
+on a tiny model whose distributions are sharp but not one-hot, position by position and on the
+first pair. A power check in the same file shows that the test does reject a small change.
+"""
+
+import functools
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from lookahead import Lookahead
+from lookahead.verify import verify_sampling
+
+ALPHA = 1e-3
+SAMPLES = 1500
+NEW = 5
+PROMPT = torch.tensor([[1, 5, 6, 7, 5, 6, 7, 5, 6, 7, 5, 6]])
+MIXES = {
+    "temperature+top_k": dict(temperature=0.7, top_k=6),
+    "top_p+repetition_penalty": dict(top_p=0.9, repetition_penalty=1.3),
+    "min_p+no_repeat_ngram+bias": dict(min_p=0.05, no_repeat_ngram_size=2, sequence_bias={(9,): 2.0}),
+}
+
+
+@functools.cache
+def sharp_model():
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(
+        "llama",
+        vocab_size=16,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        max_position_embeddings=128,
+    )
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # sharp (top token ~0.5-0.8) but never one-hot distributions
+        for name, param in model.named_parameters():
+            if param.dim() >= 2:
+                param.mul_(24.0 if "lm_head" in name else 8.0)
+    return model
+
+
+def reference_draws(model, seed, **kwargs):
+    torch.manual_seed(seed)
+    out = model.generate(PROMPT.repeat(SAMPLES, 1), do_sample=True, max_new_tokens=NEW, min_new_tokens=NEW, **kwargs)
+    return out[:, PROMPT.shape[1] :]
+
+
+def lookahead_draws(model, seed, **kwargs):
+    torch.manual_seed(seed)
+    lookahead = Lookahead(3, 4, 4)
+    rows, steps = [], 0
+    for _ in range(SAMPLES):
+        out = model.generate(
+            PROMPT, do_sample=True, max_new_tokens=NEW, min_new_tokens=NEW, custom_generate=lookahead, **kwargs
+        )
+        rows.append(out[0, PROMPT.shape[1] :])
+        steps += lookahead.last_stats.steps
+    return torch.stack(rows), steps
+
+
+def chi2_pvalue(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Two-sample chi-square test of homogeneity on category ids; rare categories are pooled."""
+    cats = torch.cat([a, b]).unique()
+    table = torch.stack([(a[:, None] == cats).sum(0), (b[:, None] == cats).sum(0)]).double()  # [2, K]
+    expected_min = table.sum(0) * min(len(a), len(b)) / (len(a) + len(b))
+    rare = expected_min < 5
+    if rare.any():
+        table = torch.cat([table[:, ~rare], table[:, rare].sum(1, keepdim=True)], dim=1)
+        table = table[:, table.sum(0) > 0]
+    if table.shape[1] < 2:
+        return 1.0
+    expected = table.sum(1, keepdim=True) * table.sum(0, keepdim=True) / table.sum()
+    stat = ((table - expected) ** 2 / expected).sum()
+    df = table.shape[1] - 1
+    return torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.double), stat / 2).item()
+
+
+def pvalues(x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    """One test per position's marginal, and one on the first pair."""
+    result = {f"position {i}": chi2_pvalue(x[:, i], y[:, i]) for i in range(NEW)}
+    result["first pair"] = chi2_pvalue(x[:, 0] * 16 + x[:, 1], y[:, 0] * 16 + y[:, 1])
+    return result
+
+
+@pytest.mark.parametrize("mix", list(MIXES))
+def test_sampling_keeps_the_distribution(mix):
+    model = sharp_model()
+    kwargs = MIXES[mix]
+    ours, steps = lookahead_draws(model, seed=1, **kwargs)
+    theirs = reference_draws(model, seed=2, **kwargs)
+    results = pvalues(ours, theirs)
+    print(mix, {k: round(v, 4) for k, v in results.items()}, f"tokens/step {SAMPLES * NEW / steps:.3f}")
+    assert min(results.values()) > ALPHA, results
+    assert steps < SAMPLES * NEW  # multi-token steps happened, so acceptance was exercised
+
+
+def test_power_check_rejects_a_small_change():
+    """The same test tells temperature 0.9 from 1.2: it can fail."""
+    model = sharp_model()
+    results = pvalues(reference_draws(model, 3, temperature=0.9), reference_draws(model, 4, temperature=1.2))
+    print("power check", {k: f"{v:.2e}" for k, v in results.items()})
+    assert min(results.values()) < ALPHA
+
+
+def test_same_seed_same_output():
+    model = sharp_model()
+    outs = []
+    for _ in range(2):
+        torch.manual_seed(123)
+        outs.append(
+            model.generate(
+                PROMPT, do_sample=True, max_new_tokens=20, custom_generate=Lookahead(3, 4, 4), top_k=8, temperature=0.8
+            ).tolist()
+        )
+    assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(typical_p=0.9),
+        dict(epsilon_cutoff=3e-4),
+        dict(eta_cutoff=1e-3),
+        dict(bad_words_ids=[[3]], suppress_tokens=[4], begin_suppress_tokens=[8], min_new_tokens=3),
+    ],
+    ids=lambda d: "+".join(d),
+)
+def test_other_processors_run_and_are_honoured(kwargs):
+    model = sharp_model()
+    torch.manual_seed(0)
+    out = model.generate(PROMPT, do_sample=True, max_new_tokens=30, custom_generate=Lookahead(3, 4, 4), **kwargs)
+    new = out[0, PROMPT.shape[1] :].tolist()
+    assert 1 <= len(new) <= 30
+    if "bad_words_ids" in kwargs:
+        assert 3 not in new and 4 not in new and new[0] != 8 and 2 not in new[:3]
+
+
+def test_verification_rule_on_a_known_distribution():
+    """Unit check of the acceptance rule: with p = (0.5, 0.3, 0.2) and candidates proposing 0
+    then 1, the first token is 0, 1, 2 with probabilities 0.5, 0.3, 0.2."""
+    p = torch.tensor([0.5, 0.3, 0.2])
+    candidates = [(0, 2), (1, 0)]
+    torch.manual_seed(0)
+    firsts = torch.tensor([verify_sampling(candidates, lambda k, d: p).emitted[0] for _ in range(20000)])
+    freq = torch.bincount(firsts, minlength=3).double() / len(firsts)
+    torch.testing.assert_close(freq, p.double(), atol=0.015, rtol=0)
+    # after accepting candidate 0's first token, its second token is proposed next
+    verdict = verify_sampling(
+        [(0, 2)], lambda k, d: torch.tensor([1.0, 0.0, 0.0]) if d == 0 else torch.tensor([0.0, 0.0, 1.0])
+    )
+    assert verdict.emitted[:2] == (0, 2) and verdict.candidate == 0
+
+
+def test_scores_are_those_of_the_emitted_positions():
+    model = sharp_model()
+    torch.manual_seed(5)
+    lookahead = Lookahead(3, 4, 4)
+    out = model.generate(
+        PROMPT,
+        do_sample=True,
+        max_new_tokens=12,
+        min_new_tokens=12,
+        top_k=4,
+        custom_generate=lookahead,
+        return_dict_in_generate=True,
+        output_scores=True,
+        output_logits=True,
+    )
+    new = out.sequences[0, PROMPT.shape[1] :]
+    assert len(out.scores) == len(out.logits) == len(new) == 12
+    for token, score, logit in zip(new.tolist(), out.scores, out.logits, strict=True):
+        assert torch.isfinite(score[0, token])  # drawn from this row, so top-k kept it
+        assert (score[0] > -float("inf")).sum() == 4  # top_k=4 was applied to this row
+        assert logit.shape == (1, 16)
