@@ -24,7 +24,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from .config import LookaheadConfig, LookaheadStats
 from .layout import build_layout
 from .pool import NGramPool
-from .step import Scorer, keep_committed, prompt_tokens, validate_call
+from .step import Scorer, forward_step, keep_committed, prefill, prompt_tokens, validate_call
 from .support import check_model
 from .verify import verify_greedy, verify_sampling
 from .window import JacobiWindow
@@ -117,21 +117,12 @@ class Lookahead:
         committed = prompt_tokens(input_ids, model_kwargs.get("attention_mask"), spec)
         stats.prompt_tokens = len(committed)
         n_prompt = len(committed)
-        dtype = next(model.parameters()).dtype
         device = input_ids.device
         cache = DynamicCache()
-        keep_logits = model._supports_logits_to_keep()
 
         # 1. prefill everything but t
         start = time.perf_counter()
-        if len(committed) > 1:
-            model(
-                input_ids=torch.tensor([committed[:-1]], device=device),
-                cache=cache,
-                use_cache=True,
-                position_ids=torch.arange(len(committed) - 1, device=device)[None],
-                **({"logits_to_keep": 1} if keep_logits else {}),
-            )
+        prefill(model, committed[:-1], cache, device)
         stats.prefill_seconds = time.perf_counter() - start
         start = time.perf_counter()
 
@@ -156,17 +147,7 @@ class Lookahead:
                 n_levels = 0  # the window would run past the position table: skip it this step
             layout = build_layout(1, cfg.window_size, n_levels, len(candidates), cand_len)
             step_ids = [t, *(window.tokens() if n_levels else []), *(x for c in candidates for x in c)]
-            positions = (layout.positions + past).to(device)
-            kwargs = {"logits_to_keep": layout.logit_rows.to(device)} if keep_logits else {}
-            out = model(
-                input_ids=torch.tensor([step_ids], device=device),
-                position_ids=positions[None],
-                attention_mask=spec.build(layout.mask.to(device), past, positions, dtype),
-                cache=cache,
-                use_cache=True,
-                **kwargs,
-            )
-            logits = out.logits[0] if keep_logits else out.logits[0, layout.logit_rows.to(device)]
+            logits = forward_step(model, spec, layout, step_ids, past, cache)  # [K, V]
             scorer = Scorer(logits, layout, logits_processor, input_ids, candidates)
 
             # 3. verify: greedy, or sampling that keeps the processed distribution exactly

@@ -10,6 +10,36 @@ from .layout import StepLayout
 from .support import MaskSpec
 
 
+def prefill(model, tokens: Sequence[int], cache, device) -> None:
+    """Fill the cache with ``tokens`` at positions 0..len-1 (the model builds its causal mask)."""
+    if not tokens:
+        return
+    kwargs = {"logits_to_keep": 1} if model._supports_logits_to_keep() else {}
+    model(
+        input_ids=torch.tensor([list(tokens)], device=device),
+        position_ids=torch.arange(len(tokens), device=device)[None],
+        cache=cache,
+        use_cache=True,
+        **kwargs,
+    )
+
+
+def forward_step(model, spec: MaskSpec, layout: StepLayout, step_ids: Sequence[int], past: int, cache):
+    """One forward pass over a step laid out by ``layout``; returns the used rows' logits [K, V]."""
+    device = model.device
+    positions = (layout.positions + past).to(device)  # [L]
+    keep = model._supports_logits_to_keep()
+    out = model(
+        input_ids=torch.tensor([list(step_ids)], device=device),
+        position_ids=positions[None],
+        attention_mask=spec.build(layout.mask.to(device), past, positions, model.dtype),
+        cache=cache,
+        use_cache=True,
+        **({"logits_to_keep": layout.logit_rows.to(device)} if keep else {}),
+    )
+    return out.logits[0] if keep else out.logits[0, layout.logit_rows.to(device)]
+
+
 def validate_call(model, input_ids, generation_config, synced_gpus, model_kwargs) -> None:
     """Refuse, before any decoding, what this loop cannot do exactly."""
     if input_ids.shape[1] == 0:
