@@ -35,11 +35,21 @@ def main():
                 for i, prompt in enumerate(prompts):
                     torch.manual_seed(i)
                     la = Lookahead(*setting)
-                    model.generate(**datasets.encode(tok, prompt), do_sample=True, temperature=temperature,
-                                   top_k=0, top_p=1.0, max_new_tokens=args.new_tokens, custom_generate=la)
+                    model.generate(
+                        **datasets.encode(tok, prompt),
+                        do_sample=True,
+                        temperature=temperature,
+                        top_k=0,
+                        top_p=1.0,
+                        max_new_tokens=args.new_tokens,
+                        custom_generate=la,
+                    )
                     tps.append(la.last_stats.tokens_per_step)
-                print(f"| {name} | {temperature} | {setting} | {statistics.mean(tps):.2f} | "
-                      f"{statistics.mean(greedy):.2f} |", flush=True)
+                print(
+                    f"| {name} | {temperature} | {setting} | {statistics.mean(tps):.2f} | "
+                    f"{statistics.mean(greedy):.2f} |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

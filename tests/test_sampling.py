@@ -182,3 +182,29 @@ def test_scores_are_those_of_the_emitted_positions():
         assert torch.isfinite(score[0, token])  # drawn from this row, so top-k kept it
         assert (score[0] > -float("inf")).sum() == 4  # top_k=4 was applied to this row
         assert logit.shape == (1, 16)
+
+
+def test_iterator_streamer_in_a_thread_gets_every_sampled_token():
+    import threading
+
+    from tiny_models import char_tokenizer
+    from transformers import TextIteratorStreamer
+
+    model, tok = sharp_model(), char_tokenizer()
+    streamer = TextIteratorStreamer(tok, skip_prompt=True)
+    lookahead = Lookahead(3, 4, 4)
+    result = {}
+
+    def run():
+        torch.manual_seed(7)
+        result["out"] = lookahead.generate(
+            model, PROMPT, do_sample=True, max_new_tokens=40, min_new_tokens=40, streamer=streamer
+        )
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    text = "".join(streamer)
+    thread.join()
+    assert lookahead.last_stats.steps < 40  # tokens arrived several per step, yet all were streamed
+    assert text == tok.decode(result["out"][0, PROMPT.shape[1] :])
+    assert result["out"].shape[1] == PROMPT.shape[1] + 40

@@ -118,12 +118,16 @@ def test_streamer_receives_every_token_in_order():
     ],
     ids=lambda d: "+".join(d),
 )
-@pytest.mark.parametrize("arch", ["llama", "opt"])
-def test_greedy_with_logits_processors_is_exact(arch, processors):
+@pytest.mark.parametrize("arch", ["llama", "opt", "gemma3_text"])
+@pytest.mark.parametrize("setting", [(4, 4, 4), (0, 3, 2), (2, 5, 3)], ids=lambda s: "W{}N{}G{}".format(*s))
+def test_greedy_with_logits_processors_is_exact(arch, processors, setting):
     model = tiny_model(arch)
     for seed in range(2):
         prompt = repetitive_prompt(24, seed)
-        expected, got, _ = plain_and_lookahead(model, prompt, max_new_tokens=30, pad_token_id=0, **processors)
+        expected = model.generate(prompt, max_new_tokens=30, do_sample=False, pad_token_id=0, **processors)
+        got = Lookahead(*setting).generate(
+            model, prompt, max_new_tokens=30, do_sample=False, pad_token_id=0, **processors
+        )
         assert got.tolist() == expected.tolist(), f"prompt {seed}"
 
 
