@@ -41,6 +41,19 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also run plain model.generate and report its speed and whether outputs match",
     )
+    bench = sub.add_parser("bench", help="benchmark against plain greedy and prompt lookup decoding")
+    bench.add_argument("datasets", nargs="+", help="humaneval | mtbench | FILE.jsonl (lines with a 'prompt')")
+    bench.add_argument("--n", type=int, default=20, help="prompts per dataset (default: %(default)s)")
+    bench.add_argument("--max-new-tokens", type=int, default=256, help="default: %(default)s")
+    bench.add_argument("--model", default=models.DEFAULT_MODEL, help="as for generate (default: %(default)s)")
+    bench.add_argument("--dtype", default="bfloat16", choices=sorted(models.DTYPES), help="default: %(default)s")
+    bench.add_argument("-W", "--window-size", type=int, help="also run this fixed W/N/G (the rest default)")
+    bench.add_argument("-N", "--ngram-size", type=int)
+    bench.add_argument("-G", "--max-candidates", type=int)
+    bench.add_argument(
+        "--out", default="results/bench", help="folder for JSON, Markdown and PNG (default: %(default)s)"
+    )
+    bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
 
@@ -48,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
-        return _generate(args)
+        return _bench(args) if args.command == "bench" else _generate(args)
     except KeyboardInterrupt:
         return 130
     except (ValueError, OSError) as err:  # our errors say what to change
@@ -102,6 +115,32 @@ def _generate(args) -> int:
         )
         if not same:
             return 3
+    return 0
+
+
+def _bench(args) -> int:
+    from pathlib import Path
+
+    import transformers
+
+    from . import bench, datasets
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    if args.n < 1 or args.max_new_tokens < 1:
+        raise ValueError("--n and --max-new-tokens must be at least 1")
+    methods = bench.methods_for(args.window_size, args.ngram_size, args.max_candidates)
+    suites = {name: datasets.load(name, args.n) for name in args.datasets}  # fail early on a bad name
+    model, tokenizer = models.load(args.model, dtype=args.dtype)
+    for name, prompts in suites.items():
+        runs = bench.run_bench(model, tokenizer, prompts, methods, args.max_new_tokens, not args.no_progress)
+        label = Path(name).stem
+        meta = dict(
+            dataset=name, model=args.model, dtype=args.dtype, n=len(prompts), max_new_tokens=args.max_new_tokens
+        )
+        table, _ = bench.write_report(runs, Path(args.out), label, meta)
+        print(table)
+        print(f"written: {args.out}/{label}.json, .md, .png\n")
     return 0
 
 

@@ -52,3 +52,27 @@ def encode(tokenizer, prompt: Prompt):
             [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
         )
     return tokenizer(text, return_tensors="pt", add_special_tokens=not prompt.chat)
+
+
+def from_jsonl(path: str | Path, n: int | None = None) -> list[Prompt]:
+    """A user's prompts: one JSON object per line, {"prompt": "...", "chat": false, "id": "..."}."""
+    prompts = []
+    for i, line in enumerate(Path(path).read_text().splitlines()):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if "prompt" not in row:
+            raise ValueError(f'{path}:{i + 1}: each line needs a "prompt" field')
+        prompts.append(Prompt(str(row.get("id", f"{Path(path).stem}/{i}")), row["prompt"], bool(row.get("chat"))))
+    return prompts[:n]
+
+
+def load(name: str, n: int | None = None) -> list[Prompt]:
+    """``humaneval``, ``mtbench`` or a path to a .jsonl file."""
+    if name == "humaneval":
+        return humaneval(n)
+    if name == "mtbench":
+        return mtbench(n)
+    if name.endswith(".jsonl") and Path(name).exists():
+        return from_jsonl(name, n)
+    raise ValueError(f"unknown dataset {name!r}: use humaneval, mtbench or an existing FILE.jsonl")

@@ -1,0 +1,231 @@
+"""``lookahead bench``: lookahead against plain greedy and prompt lookup, measured honestly.
+
+All methods run in one process, alternating prompt by prompt, so that machine drift cancels out.
+Speedups are medians of per-prompt ratios against plain greedy on the same prompt. Results go to
+a JSON file, a Markdown table and PNG plots (matplotlib).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import datasets
+from .decoding import Lookahead
+
+
+@dataclass
+class Method:
+    name: str
+    kwargs: Callable[[], dict]  # fresh generate kwargs for one call
+    lookahead: Lookahead | None = None
+
+
+@dataclass
+class Run:
+    method: str
+    prompt: str
+    new_tokens: int
+    seconds: float
+    identical: bool
+    peak_mb: float
+    tokens_per_step: float | None = None
+    accepted_hist: list[int] = field(default_factory=list)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds
+
+
+def methods_for(window_size=None, ngram_size=None, max_candidates=None, prompt_lookup_tokens=3) -> list[Method]:
+    auto = Lookahead()
+    chosen = [
+        Method("greedy", dict),
+        Method(f"prompt_lookup({prompt_lookup_tokens})", lambda: {"prompt_lookup_num_tokens": prompt_lookup_tokens}),
+        Method("lookahead(auto)", lambda: {"custom_generate": auto}, auto),
+    ]
+    if any(v is not None for v in (window_size, ngram_size, max_candidates)):
+        fixed = Lookahead(window_size, ngram_size, max_candidates)
+        cfg = fixed.config_for("cpu")
+        name = f"lookahead({cfg.window_size},{cfg.ngram_size},{cfg.max_candidates})"
+        chosen.append(Method(name, lambda: {"custom_generate": fixed}, fixed))
+    return chosen
+
+
+class PeakMemory:
+    """Peak resident memory (MB above the start) while the block runs; CUDA peak on GPUs."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.peak = 0.0
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._base = torch.cuda.memory_allocated(self.device)
+            return self
+        import psutil
+
+        self._proc = psutil.Process()
+        self._base = self._proc.memory_info().rss
+        self._high = self._base
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self):
+        while not self._stop.wait(0.005):
+            self._high = max(self._high, self._proc.memory_info().rss)
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            self.peak = (torch.cuda.max_memory_allocated(self.device) - self._base) / 2**20
+        else:
+            self._stop.set()
+            self._thread.join()
+            self._high = max(self._high, self._proc.memory_info().rss)
+            self.peak = (self._high - self._base) / 2**20
+
+
+def run_bench(
+    model, tokenizer, prompts: list[datasets.Prompt], methods: list[Method], max_new_tokens: int, progress: bool = True
+) -> list[Run]:
+    """Every method on every prompt, alternating; returns one Run per (prompt, method)."""
+    from tqdm.auto import tqdm
+
+    runs: list[Run] = []
+    warmup = datasets.encode(tokenizer, prompts[0]).to(model.device)
+    for method in methods:  # first calls pay one-time costs (allocations, the model probe)
+        model.generate(**warmup, max_new_tokens=4, do_sample=False, **method.kwargs())
+    bar = tqdm(total=len(prompts) * len(methods), disable=not progress, unit="run", desc="bench")
+    for prompt in prompts:
+        inputs = datasets.encode(tokenizer, prompt).to(model.device)
+        start_len = inputs["input_ids"].shape[1]
+        reference = None
+        for method in methods:
+            kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, **method.kwargs())
+            with PeakMemory(model.device) as memory:
+                start = time.perf_counter()
+                out = model.generate(**inputs, **kwargs)
+                if model.device.type == "cuda":
+                    torch.cuda.synchronize()
+                seconds = time.perf_counter() - start
+            if reference is None:
+                reference = out  # greedy runs first
+            stats = method.lookahead.last_stats if method.lookahead else None
+            runs.append(
+                Run(
+                    method=method.name,
+                    prompt=prompt.id,
+                    new_tokens=out.shape[1] - start_len,
+                    seconds=seconds,
+                    identical=out.shape == reference.shape and bool((out == reference).all()),
+                    peak_mb=memory.peak,
+                    tokens_per_step=stats.tokens_per_step if stats else None,
+                    accepted_hist=list(stats.accepted_hist) if stats else [],
+                )
+            )
+            bar.update()
+    bar.close()
+    return runs
+
+
+def summarize(runs: list[Run]) -> list[dict]:
+    """One row per method: median tokens/s, median speedup over greedy, tokens/step, ..."""
+    greedy = {r.prompt: r for r in runs if r.method == "greedy"}
+    rows = []
+    for name in dict.fromkeys(r.method for r in runs):
+        mine = [r for r in runs if r.method == name]
+        hists = [r.accepted_hist for r in mine if r.accepted_hist]
+        hist = [sum(col) for col in zip(*hists, strict=True)] if hists else []
+        steps = [r.new_tokens / r.tokens_per_step for r in mine if r.tokens_per_step]
+        rows.append(
+            {
+                "method": name,
+                "tokens_per_second": statistics.median(r.tokens_per_second for r in mine),
+                "speedup": statistics.median(
+                    greedy[r.prompt].seconds / r.seconds * r.new_tokens / greedy[r.prompt].new_tokens for r in mine
+                ),
+                "tokens_per_step": sum(r.new_tokens for r in mine) / sum(steps) if steps else 1.0,
+                "accepted_hist": hist,
+                "identical": sum(r.identical for r in mine) / len(mine),
+                "peak_mb": max(r.peak_mb for r in mine),
+            }
+        )
+    return rows
+
+
+def markdown(rows: list[dict], title: str) -> str:
+    lines = [
+        f"### {title}",
+        "",
+        "| method | tokens/s (median) | speedup vs greedy (median) | tokens/step | accepted-length histogram "
+        "| identical to greedy | peak memory (MB) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        hist = " ".join(str(x) for x in r["accepted_hist"]) or "-"
+        lines.append(
+            f"| {r['method']} | {r['tokens_per_second']:.1f} | {r['speedup']:.2f}x | "
+            f"{r['tokens_per_step']:.2f} | {hist} | {r['identical']:.0%} | {r['peak_mb']:.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(runs: list[Run], rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    greedy = {r.prompt: r for r in runs if r.method == "greedy"}
+    prompts = list(greedy)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
+    for name in dict.fromkeys(r.method for r in runs if r.method != "greedy"):
+        by_prompt = {r.prompt: r for r in runs if r.method == name}
+        ratios = [
+            greedy[p].seconds / by_prompt[p].seconds * by_prompt[p].new_tokens / greedy[p].new_tokens for p in prompts
+        ]
+        left.plot(range(len(prompts)), ratios, marker="o", label=name)
+    left.axhline(1.0, color="grey", lw=1, ls="--")
+    left.set(title=f"{title}: speedup over greedy per prompt", xlabel="prompt", ylabel="speedup (x)")
+    left.legend()
+    hists = [r for r in rows if r["accepted_hist"]]
+    width = 0.8 / max(1, len(hists))
+    for i, r in enumerate(hists):
+        total = sum(r["accepted_hist"]) or 1
+        xs = [k + 1 + (i - (len(hists) - 1) / 2) * width for k in range(len(r["accepted_hist"]))]
+        right.bar(xs, [c / total for c in r["accepted_hist"]], width=width, label=r["method"])
+    right.set(title="tokens per step", xlabel="tokens verified in a step", ylabel="share of steps")
+    right.set_xticks(range(1, 1 + max((len(r["accepted_hist"]) for r in hists), default=1)))
+    left.set_xticks(range(len(prompts)))
+    if hists:
+        right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_report(runs: list[Run], out_dir: Path, name: str, meta: dict) -> tuple[str, list[dict]]:
+    """Write NAME.json, NAME.md and NAME.png under out_dir; return the Markdown and the rows."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = summarize(runs)
+    meta = {**meta, "load_average": os.getloadavg()[0], "torch_threads": torch.get_num_threads()}
+    table = markdown(
+        rows, f"{name} ({meta['model']}, {meta['dtype']}, {meta['n']} prompts, {meta['max_new_tokens']} new tokens)"
+    )
+    (out_dir / f"{name}.json").write_text(
+        json.dumps({"meta": meta, "summary": rows, "runs": [r.__dict__ for r in runs]}, indent=1)
+    )
+    (out_dir / f"{name}.md").write_text(table + f"\nload average at the end: {meta['load_average']:.2f}\n")
+    plot(runs, rows, out_dir / f"{name}.png", name)
+    return table, rows
