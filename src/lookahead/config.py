@@ -28,6 +28,8 @@ class LookaheadConfig:
       the pool; 0 turns the verification branch off.
     * ``seed_pool_from_prompt``: also pool the prompt's own n-grams (helps code, RAG, summaries).
     * ``pool_from_output``: also pool the n-grams of the text generated so far.
+    * ``adaptive``: measure wide steps against one-token steps during the call and run
+      whichever gives more tokens per second (see ``lookahead.gate``); output is unchanged.
     """
 
     window_size: int
@@ -35,6 +37,7 @@ class LookaheadConfig:
     max_candidates: int
     seed_pool_from_prompt: bool = True
     pool_from_output: bool = True
+    adaptive: bool = False
 
     def __post_init__(self) -> None:
         for name, value, low in (
@@ -76,6 +79,7 @@ class LookaheadStats:
     steps: int = 0
     accepted_hist: list[int] = field(default_factory=list)
     truncated_tokens: int = 0  # verified tokens dropped because a stop came before them
+    wide_steps: int = 0  # steps that carried the window or candidates (the rest: t alone)
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
 
@@ -110,6 +114,8 @@ class LookaheadStats:
             "mean_accepted": self.mean_accepted,
             "accepted_hist": list(self.accepted_hist),
             "truncated_tokens": self.truncated_tokens,
+            "wide_steps": self.wide_steps,
+            "adaptive": self.config.adaptive,
             "prefill_seconds": self.prefill_seconds,
             "decode_seconds": self.decode_seconds,
             "tokens_per_second": self.tokens_per_second,

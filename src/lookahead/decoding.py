@@ -22,6 +22,7 @@ from transformers import DynamicCache, StoppingCriteriaList, StopStringCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .config import LookaheadConfig, LookaheadStats
+from .gate import StepGate
 from .layout import build_layout
 from .pool import NGramPool
 from .step import Scorer, forward_step, keep_committed, prefill, prompt_tokens, validate_call
@@ -37,7 +38,8 @@ class Lookahead:
 
     >>> out = model.generate(**inputs, custom_generate=Lookahead(), max_new_tokens=64)
 
-    ``Lookahead()`` picks W, N and G for the model's device; pass any of them to override.
+    ``Lookahead()`` picks W, N and G for the model's device and, during each call, falls back to
+    one-token steps while wide steps do not pay (``adaptive``); pass W, N or G to override.
     Invalid values raise ``ValueError`` at construction. After each call, ``last_stats`` holds
     a :class:`LookaheadStats` (steps, tokens per step, accepted-length histogram, time).
     """
@@ -50,6 +52,7 @@ class Lookahead:
         *,
         seed_pool_from_prompt: bool = True,
         pool_from_output: bool = True,
+        adaptive: bool | None = None,
     ) -> None:
         self._overrides = {
             "window_size": window_size,
@@ -57,6 +60,8 @@ class Lookahead:
             "max_candidates": max_candidates,
             "seed_pool_from_prompt": seed_pool_from_prompt,
             "pool_from_output": pool_from_output,
+            # auto settings adapt; explicit W/N/G run exactly as asked unless adaptive=True
+            "adaptive": adaptive if adaptive is not None else (window_size, ngram_size, max_candidates) == (None,) * 3,
         }
         LookaheadConfig.default_for("cpu", **self._overrides)  # validate now, not mid-generate
         self.last_stats: LookaheadStats | None = None
@@ -134,15 +139,18 @@ class Lookahead:
         n = cfg.ngram_size
         finished = input_ids.shape[1] >= max_length
 
+        gate = StepGate(enabled=cfg.adaptive)
         while not finished:
-            # 2. lay out and run one step
+            # 2. lay out and run one step (t alone when the gate finds wide steps do not pay)
+            wide = gate.wide()
+            step_start = time.perf_counter()
             t, past = committed[-1], len(committed) - 1
             remaining = max_length - input_ids.shape[1]  # tokens this call may still emit
             cand_len = min(n - 1, remaining - 1)
             if spec.max_positions is not None:
                 cand_len = min(cand_len, spec.max_positions - 1 - past)
-            candidates = [c[:cand_len] for c in pool.candidates(t, cfg.max_candidates)] if cand_len > 0 else []
-            n_levels = window.n_levels
+            candidates = [c[:cand_len] for c in pool.candidates(t, cfg.max_candidates)] if wide and cand_len > 0 else []
+            n_levels = window.n_levels if wide else 0
             if spec.max_positions is not None and past + n_levels + cfg.window_size - 1 > spec.max_positions:
                 n_levels = 0  # the window would run past the position table: skip it this step
             layout = build_layout(1, cfg.window_size, n_levels, len(candidates), cand_len)
@@ -156,6 +164,7 @@ class Lookahead:
             else:
                 verdict = verify_greedy(scorer.choice(layout.t_row), candidates, scorer.candidate_choice)
             emitted_rows = [layout.t_row, *(layout.candidate_rows[k][j] for k, j in verdict.path)]
+            gate.record(layout.length > 1, time.perf_counter() - step_start, len(verdict.emitted))
 
             # 4. emit token by token, as plain decoding would, until something stops it
             emitted = []
@@ -185,6 +194,7 @@ class Lookahead:
             stats.truncated_tokens += len(verdict.emitted) - len(emitted)
 
         stats.new_tokens = len(committed) - n_prompt
+        stats.wide_steps = gate.wide_steps
         stats.decode_seconds = time.perf_counter() - start
         if streamer is not None:
             streamer.end()
