@@ -27,15 +27,17 @@ def test_keeps_wide_steps_that_pay_and_refreshes_the_plain_cost():
 
 
 def test_falls_back_to_plain_steps_that_pay_better():
-    kinds = simulate(StepGate(), wide_cost=2.0, wide_tokens=1.2)  # 0.6 tokens/s against 1
-    assert sum(kinds) <= 9  # the first measurement and one probe every 8 steps
-    assert any(kinds[-10:])  # still probing, in case the text changes
+    kinds = simulate(StepGate(), wide_cost=2.0, wide_tokens=1.2, steps=200)  # 0.6 tokens/s against 1
+    probes = [i for i, wide in enumerate(kinds) if wide]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps == sorted(gaps) and gaps[-1] >= 60  # probes back off: 8, 16, 32, 64 steps apart
+    assert len(probes) <= 7 and probes[-1] > 120  # still probing, in case the text changes
 
 
 def test_switches_when_the_text_starts_to_pay():
     gate = StepGate()
     simulate(gate, wide_cost=2.0, wide_tokens=1.0, steps=30)
-    assert sum(simulate(gate, wide_cost=1.3, wide_tokens=3.5, steps=40)[-20:]) >= 17
+    assert sum(simulate(gate, wide_cost=1.3, wide_tokens=3.5, steps=60)[-20:]) >= 17
 
 
 def test_disabled_gate_is_always_wide():

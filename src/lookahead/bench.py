@@ -155,7 +155,10 @@ def summarize(runs: list[Run]) -> list[dict]:
                 "speedup": statistics.median(
                     greedy[r.prompt].seconds / r.seconds * r.new_tokens / greedy[r.prompt].new_tokens for r in mine
                 ),
-                "tokens_per_step": sum(r.new_tokens for r in mine) / sum(steps) if steps else 1.0,
+                # known for lookahead (its stats) and greedy (1); prompt lookup does not report it
+                "tokens_per_step": sum(r.new_tokens for r in mine) / sum(steps)
+                if steps
+                else (1.0 if name == "greedy" else None),
                 "accepted_hist": hist,
                 "identical": sum(r.identical for r in mine) / len(mine),
                 "peak_mb": max(r.peak_mb for r in mine),
@@ -176,7 +179,7 @@ def markdown(rows: list[dict], title: str) -> str:
         hist = " ".join(str(x) for x in r["accepted_hist"]) or "-"
         lines.append(
             f"| {r['method']} | {r['tokens_per_second']:.1f} | {r['speedup']:.2f}x | "
-            f"{r['tokens_per_step']:.2f} | {hist} | {r['identical']:.0%} | {r['peak_mb']:.0f} |"
+            f"{'-' if r['tokens_per_step'] is None else format(r['tokens_per_step'], '.2f')} | {hist} | {r['identical']:.0%} | {r['peak_mb']:.0f} |"
         )
     return "\n".join(lines) + "\n"
 
