@@ -29,7 +29,7 @@ def test_keeps_wide_steps_that_pay_and_refreshes_the_plain_cost():
 def test_falls_back_to_plain_steps_that_pay_better():
     kinds = simulate(StepGate(), wide_cost=2.0, wide_tokens=1.2, steps=200)  # 0.6 tokens/s against 1
     probes = [i for i, wide in enumerate(kinds) if wide]
-    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    gaps = [b - a for a, b in zip(probes, probes[1:], strict=False)]
     assert gaps == sorted(gaps) and gaps[-1] >= 60  # probes back off: 8, 16, 32, 64 steps apart
     assert len(probes) <= 7 and probes[-1] > 120  # still probing, in case the text changes
 

@@ -177,9 +177,10 @@ def markdown(rows: list[dict], title: str) -> str:
     ]
     for r in rows:
         hist = " ".join(str(x) for x in r["accepted_hist"]) or "-"
+        per_step = "-" if r["tokens_per_step"] is None else f"{r['tokens_per_step']:.2f}"
         lines.append(
-            f"| {r['method']} | {r['tokens_per_second']:.1f} | {r['speedup']:.2f}x | "
-            f"{'-' if r['tokens_per_step'] is None else format(r['tokens_per_step'], '.2f')} | {hist} | {r['identical']:.0%} | {r['peak_mb']:.0f} |"
+            f"| {r['method']} | {r['tokens_per_second']:.1f} | {r['speedup']:.2f}x | {per_step} | {hist} "
+            f"| {r['identical']:.0%} | {r['peak_mb']:.0f} |"
         )
     return "\n".join(lines) + "\n"
 
