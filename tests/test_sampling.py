@@ -17,11 +17,13 @@ from lookahead.verify import verify_sampling
 ALPHA = 1e-3
 SAMPLES = 1500
 NEW = 5
-PROMPT = torch.tensor([[1, 5, 6, 7, 5, 6, 7, 5, 6, 7, 5, 6]])
+# A sample of the model itself (temperature 0.5): its n-grams recur in new samples, so that
+# pooled candidates do get accepted.
+PROMPT = torch.tensor([[1, 5, 6, 7, 10, 14, 12, 6, 6, 4, 14, 7, 10, 12, 4, 14, 14, 12, 15, 5, 14, 5, 14, 5]])
 MIXES = {
     "temperature+top_k": dict(temperature=0.7, top_k=6),
     "top_p+repetition_penalty": dict(top_p=0.9, repetition_penalty=1.3),
-    "min_p+no_repeat_ngram+bias": dict(min_p=0.05, no_repeat_ngram_size=2, sequence_bias={(9,): 2.0}),
+    "min_p+no_repeat_ngram+bias": dict(min_p=0.05, no_repeat_ngram_size=3, sequence_bias={(9,): 2.0}),
 }
 
 
@@ -101,7 +103,7 @@ def test_sampling_keeps_the_distribution(mix):
     results = pvalues(ours, theirs)
     print(mix, {k: round(v, 4) for k, v in results.items()}, f"tokens/step {SAMPLES * NEW / steps:.3f}")
     assert min(results.values()) > ALPHA, results
-    assert steps < SAMPLES * NEW  # multi-token steps happened, so acceptance was exercised
+    assert SAMPLES * NEW / steps > 1.05  # multi-token steps happened: acceptance was exercised
 
 
 def test_power_check_rejects_a_small_change():

@@ -67,7 +67,8 @@ class LookaheadConfig:
 class LookaheadStats:
     """What one generate call did. Read it from ``Lookahead.last_stats`` after the call.
 
-    ``steps`` counts decoding forward passes (the prefill is not a step). ``accepted_hist[k]`` is
+    ``steps`` counts the forward passes that produced tokens, the prompt's prefill included (so
+    plain decoding would take ``new_tokens`` steps). ``accepted_hist[k]`` is
     the number of steps whose verification produced k + 1 tokens (k accepted candidate tokens
     plus the bonus token); a stop (EOS, stop string, max length) inside a step drops the tokens
     after it, counted in ``truncated_tokens``.

@@ -120,26 +120,43 @@ class Lookahead:
 
         # committed: the prompt without left padding, then every emitted token (python ints)
         committed = prompt_tokens(input_ids, model_kwargs.get("attention_mask"), spec)
-        stats.prompt_tokens = len(committed)
-        n_prompt = len(committed)
-        device = input_ids.device
+        n_prompt = stats.prompt_tokens = len(committed)
         cache = DynamicCache()
-
-        # 1. prefill everything but t
-        start = time.perf_counter()
-        prefill(model, committed[:-1], cache, device)
-        stats.prefill_seconds = time.perf_counter() - start
-        start = time.perf_counter()
-
         pool = NGramPool(cfg.ngram_size, max(1, cfg.max_candidates))
         if cfg.seed_pool_from_prompt:
             pool.add_sequence(committed)
         window = JacobiWindow(cfg.window_size, cfg.ngram_size, committed)
-        max_length = generation_config.max_length
-        n = cfg.ngram_size
-        finished = input_ids.shape[1] >= max_length
-
         gate = StepGate(enabled=cfg.adaptive)
+        n, max_length = cfg.ngram_size, generation_config.max_length
+
+        def emit(tokens, rows, scorer) -> tuple[int, bool]:
+            """Append tokens one by one, as plain decoding would, until a stop.
+            Returns (tokens kept, whether generation stopped)."""
+            nonlocal input_ids, scores, raw_logits
+            for count, (token, row) in enumerate(zip(tokens, rows, strict=True), start=1):
+                if want_scores:
+                    scores += (scorer.processed(row)[None],)
+                if want_logits:
+                    raw_logits += (scorer.raw(row)[None],)
+                input_ids = torch.cat([input_ids, input_ids.new_tensor([[token]])], dim=-1)
+                committed.append(token)
+                if streamer is not None:
+                    streamer.put(input_ids.new_tensor([token]).cpu())
+                if bool(stopping_criteria(input_ids, scores if want_scores else None).any()):
+                    return count, True
+            return len(tokens), False
+
+        # 1. prefill the prompt; its last row gives the first token, exactly as in plain decoding
+        start = time.perf_counter()
+        first = Scorer(prefill(model, committed, cache, input_ids.device), None, logits_processor, input_ids, [])
+        token = first.sample(0) if generation_config.do_sample else first.choice(0)
+        stats.prefill_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        finished = emit([token], [0], first)[1]
+        stats.steps, stats.accepted_hist[0] = 1, 1
+        if cfg.pool_from_output:
+            pool.add_sequence(committed, start=len(committed) - n)
+
         while not finished:
             # 2. lay out and run one step (t alone when the gate finds wide steps do not pay)
             wide = gate.wide()
@@ -166,32 +183,19 @@ class Lookahead:
             emitted_rows = [layout.t_row, *(layout.candidate_rows[k][j] for k, j in verdict.path)]
             gate.record(layout.length > 1, time.perf_counter() - step_start, len(verdict.emitted))
 
-            # 4. emit token by token, as plain decoding would, until something stops it
-            emitted = []
-            for token, row in zip(verdict.emitted, emitted_rows, strict=True):
-                emitted.append(token)
-                if want_scores:
-                    scores += (scorer.processed(row)[None],)
-                if want_logits:
-                    raw_logits += (scorer.raw(row)[None],)
-                input_ids = torch.cat([input_ids, input_ids.new_tensor([[token]])], dim=-1)
-                if streamer is not None:
-                    streamer.put(input_ids.new_tensor([token]).cpu())
-                if bool(stopping_criteria(input_ids, scores if want_scores else None).any()):
-                    finished = True
-                    break
+            # 4. emit token by token through the stopping criteria and the streamer
+            kept, finished = emit(verdict.emitted, emitted_rows, scorer)
 
             # 5. commit: cache, window, pool, statistics
-            keep_committed(cache, past, layout, verdict.candidate, len(emitted))
+            keep_committed(cache, past, layout, verdict.candidate, kept)
             if n_levels:
                 for ngram in window.update(t, [scorer.raw_choice(r) for r in layout.last_level_rows]):
                     pool.add(ngram)
-            committed.extend(emitted)
             if cfg.pool_from_output:
-                pool.add_sequence(committed, start=len(committed) - len(emitted) - n + 1)
+                pool.add_sequence(committed, start=len(committed) - kept - n + 1)
             stats.steps += 1
             stats.accepted_hist[len(verdict.emitted) - 1] += 1
-            stats.truncated_tokens += len(verdict.emitted) - len(emitted)
+            stats.truncated_tokens += len(verdict.emitted) - kept
 
         stats.new_tokens = len(committed) - n_prompt
         stats.wide_steps = gate.wide_steps

@@ -10,18 +10,18 @@ from .layout import StepLayout
 from .support import MaskSpec
 
 
-def prefill(model, tokens: Sequence[int], cache, device) -> None:
-    """Fill the cache with ``tokens`` at positions 0..len-1 (the model builds its causal mask)."""
-    if not tokens:
-        return
+def prefill(model, tokens: Sequence[int], cache, device) -> torch.Tensor:
+    """Fill the cache with the prompt at positions 0..len-1 (the model builds its causal mask), as
+    plain decoding does, and return the last position's logits [1, V]."""
     kwargs = {"logits_to_keep": 1} if model._supports_logits_to_keep() else {}
-    model(
+    out = model(
         input_ids=torch.tensor([list(tokens)], device=device),
         position_ids=torch.arange(len(tokens), device=device)[None],
         cache=cache,
         use_cache=True,
         **kwargs,
     )
+    return out.logits[:, -1]
 
 
 def forward_step(model, spec: MaskSpec, layout: StepLayout, step_ids: Sequence[int], past: int, cache):
@@ -29,10 +29,13 @@ def forward_step(model, spec: MaskSpec, layout: StepLayout, step_ids: Sequence[i
     device = model.device
     positions = (layout.positions + past).to(device)  # [L]
     keep = model._supports_logits_to_keep()
+    # t alone sees the whole cache: let the model build its own mask, exactly as in plain decoding
+    # (the same attention kernel, hence the same rounding, and no mask to build)
+    mask = None if layout.length == 1 else spec.build(layout.mask.to(device), past, positions, model.dtype)
     out = model(
         input_ids=torch.tensor([list(step_ids)], device=device),
         position_ids=positions[None],
-        attention_mask=spec.build(layout.mask.to(device), past, positions, model.dtype),
+        attention_mask=mask,
         cache=cache,
         use_cache=True,
         **({"logits_to_keep": layout.logit_rows.to(device)} if keep else {}),
@@ -95,12 +98,13 @@ def prompt_tokens(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, 
 class Scorer:
     """The model's choices on one step's rows, raw (for the window) and processed (for output).
 
-    ``logits`` holds only the kept rows ([K, V], in ``layout.logit_rows`` order). Logits
-    processors see, for a candidate row, the prefix extended with that candidate's tokens up to
-    and including the row's own token, as plain decoding would have shown them.
+    ``logits`` holds only the kept rows ([K, V], in ``layout.logit_rows`` order; without a layout,
+    row k is logits[k], as for the prefill's one row). Logits processors see, for a candidate row,
+    the prefix extended with that candidate's tokens up to and including the row's own token, as
+    plain decoding would have shown them.
     """
 
-    def __init__(self, logits, layout: StepLayout, processors, input_ids, candidates: Sequence[Sequence[int]]):
+    def __init__(self, logits, layout: StepLayout | None, processors, input_ids, candidates: Sequence[Sequence[int]]):
         self.logits = logits  # [K, V]
         self.layout = layout
         self.processors = processors if processors is not None and len(processors) > 0 else None
@@ -109,18 +113,25 @@ class Scorer:
         self._argmax = logits.argmax(dim=-1).tolist()
         self._processed: dict[int, torch.Tensor] = {}
 
+    def _index(self, row: int) -> int:
+        return row if self.layout is None else self.layout.logit_index[row]
+
     def raw(self, row: int) -> torch.Tensor:  # [V] float32
-        return self.logits[self.layout.logit_index[row]].float()
+        return self.logits[self._index(row)].float()
 
     def raw_choice(self, row: int) -> int:
-        return self._argmax[self.layout.logit_index[row]]
+        return self._argmax[self._index(row)]
+
+    def sample(self, row: int) -> int:
+        """Draw from the processed distribution of ``row``, as transformers' sampling does."""
+        return int(torch.multinomial(torch.softmax(self.processed(row), dim=-1), num_samples=1))
 
     def processed(self, row: int) -> torch.Tensor:  # [V] float32
         if self.processors is None:
             return self.raw(row)
         if row not in self._processed:
             prefix = self.input_ids
-            where = self.layout.candidate_position.get(row)
+            where = None if self.layout is None else self.layout.candidate_position.get(row)
             if where is not None:
                 k, j = where
                 extra = self.input_ids.new_tensor([self.candidates[k][: j + 1]])
