@@ -91,6 +91,9 @@ def _generate(args) -> int:
     inputs = tokenizer(text, return_tensors="pt", add_special_tokens=not args.chat).to(model.device)
     settings = dict(max_new_tokens=args.max_new_tokens, do_sample=False)
 
+    if args.compare:  # one-time costs (allocations, the model probe) stay out of both timings
+        model.generate(**inputs, max_new_tokens=2, do_sample=False)
+        lookahead.generate(model, **inputs, max_new_tokens=2, do_sample=False)
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     start = time.perf_counter()
     out = lookahead.generate(model, **inputs, streamer=streamer, **settings)

@@ -3,7 +3,8 @@
 transformers prepares the inputs, the logits processors and the stopping criteria, then calls
 :meth:`Lookahead.__call__` with the same arguments as its own ``_sample`` loop. The loop:
 
-1. prefill the prompt but its last token t (the cache never holds t);
+1. prefill the prompt as plain decoding does; its last row gives the first token t (the cache
+   never holds t);
 2. each step, one forward pass over t, the lookahead window and up to G pooled candidates;
 3. verify the candidates greedily: accepted tokens plus the bonus token (1 to N tokens);
 4. emit them one by one through the stopping criteria and the streamer;
