@@ -4,6 +4,8 @@ Tiny random-weight models of nine architectures, fp32, several (W, N, G) includi
 Each case also counts forward passes, so that the multi-token (acceptance) path is proven to run.
 """
 
+import dataclasses
+
 import pytest
 import torch
 from tiny_models import CONFIGS, repetitive_prompt, tiny_model
@@ -49,7 +51,7 @@ def test_sliding_window_mask_matters():
     expected = model.generate(prompt, max_new_tokens=30, do_sample=False)
     spec = check_model(model)
     assert spec.layer_types == ("sliding_attention", "full_attention") and spec.sliding_window == 8
-    full_only = support.MaskSpec(("full_attention",), None, spec.max_positions)
+    full_only = dataclasses.replace(spec, layer_types=("full_attention",), sliding_window=None)
     support._checked[model] = (model.config._attn_implementation, full_only)
     try:
         wrong = model.generate(prompt, max_new_tokens=30, do_sample=False, custom_generate=Lookahead(4, 4, 4))

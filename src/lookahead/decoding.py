@@ -149,7 +149,7 @@ class Lookahead:
 
         # 1. prefill the prompt; its last row gives the first token, exactly as in plain decoding
         start = time.perf_counter()
-        first = Scorer(prefill(model, committed, cache, input_ids.device), None, logits_processor, input_ids, [])
+        first = Scorer(prefill(model, spec, committed, cache, input_ids.device), None, logits_processor, input_ids, [])
         token = first.sample(0) if generation_config.do_sample else first.choice(0)
         stats.prefill_seconds = time.perf_counter() - start
         start = time.perf_counter()

@@ -10,10 +10,10 @@ from .layout import StepLayout
 from .support import MaskSpec
 
 
-def prefill(model, tokens: Sequence[int], cache, device) -> torch.Tensor:
+def prefill(model, spec: MaskSpec, tokens: Sequence[int], cache, device) -> torch.Tensor:
     """Fill the cache with the prompt at positions 0..len-1 (the model builds its causal mask), as
     plain decoding does, and return the last position's logits [1, V]."""
-    kwargs = {"logits_to_keep": 1} if model._supports_logits_to_keep() else {}
+    kwargs = {"logits_to_keep": 1} if spec.keeps_logits else {}
     out = model(
         input_ids=torch.tensor([list(tokens)], device=device),
         position_ids=torch.arange(len(tokens), device=device)[None],
@@ -28,7 +28,7 @@ def forward_step(model, spec: MaskSpec, layout: StepLayout, step_ids: Sequence[i
     """One forward pass over a step laid out by ``layout``; returns the used rows' logits [K, V]."""
     device = model.device
     positions = (layout.positions + past).to(device)  # [L]
-    keep = model._supports_logits_to_keep()
+    keep = spec.keeps_logits
     # t alone sees the whole cache: let the model build its own mask, exactly as in plain decoding
     # (the same attention kernel, hence the same rounding, and no mask to build)
     mask = None if layout.length == 1 else spec.build(layout.mask.to(device), past, positions, model.dtype)

@@ -13,6 +13,7 @@ keyed by layer type; models with one type take a single tensor.
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from dataclasses import dataclass
 
@@ -34,6 +35,7 @@ class MaskSpec:
     layer_types: tuple[str, ...]  # distinct types, e.g. ("full_attention", "sliding_attention")
     sliding_window: int | None
     max_positions: int | None  # size of a learned position table, if any bound is known
+    keeps_logits: bool = False  # forward() takes logits_to_keep (set by check_model)
 
     def build(self, step_mask: torch.Tensor, past: int, positions: torch.Tensor, dtype: torch.dtype):
         """The ``attention_mask`` argument for one forward pass.
@@ -110,7 +112,7 @@ def check_model(model) -> MaskSpec:
             f"{name} uses attn_implementation={attn!r}, which ignores custom 4D attention masks. "
             "Load it with attn_implementation='sdpa' or 'eager'."
         )
-    spec = mask_spec(config)
+    spec = dataclasses.replace(mask_spec(config), keeps_logits=model._supports_logits_to_keep())
     _probe_mask(model, spec)
     _checked[model] = (attn, spec)
     return spec
