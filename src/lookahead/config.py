@@ -56,12 +56,6 @@ class LookaheadConfig:
         chosen.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**chosen)
 
-    @property
-    def step_width(self) -> int:
-        """Tokens in one full step: t, the window, and the candidates."""
-        window = 0 if self.window_size == 0 else (self.ngram_size - 1) * self.window_size - 1
-        return 1 + window + self.max_candidates * (self.ngram_size - 1)
-
 
 @dataclass
 class LookaheadStats:

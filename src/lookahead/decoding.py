@@ -110,7 +110,7 @@ class Lookahead:
         **model_kwargs,
     ):
         spec = check_model(model)
-        validate_call(model, input_ids, generation_config, synced_gpus, model_kwargs)
+        validate_call(input_ids, generation_config, synced_gpus, model_kwargs)
         cfg = self.config_for(model.device)
         stats = LookaheadStats(config=cfg, accepted_hist=[0] * cfg.ngram_size)
         self.last_stats = stats

@@ -110,9 +110,6 @@ class NGramPool:
         trie = self._tries.get(ngram[0])
         return trie is not None and ngram[1:] in trie.order
 
-    def keys(self) -> list[int]:
-        return list(self._tries)
-
     def trie_size(self, key: int) -> int:
         """Number of trie nodes under ``key`` (shared prefixes count once)."""
         trie = self._tries.get(int(key))

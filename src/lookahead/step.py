@@ -43,7 +43,7 @@ def forward_step(model, spec: MaskSpec, layout: StepLayout, step_ids: Sequence[i
     return out.logits[0] if keep else out.logits[0, layout.logit_rows.to(device)]
 
 
-def validate_call(model, input_ids, generation_config, synced_gpus, model_kwargs) -> None:
+def validate_call(input_ids, generation_config, synced_gpus, model_kwargs) -> None:
     """Refuse, before any decoding, what this loop cannot do exactly."""
     if input_ids.shape[1] == 0:
         raise ValueError("the prompt is empty: give at least one token (e.g. the BOS token)")
