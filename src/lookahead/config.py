@@ -62,16 +62,19 @@ class LookaheadStats:
     """What one generate call did. Read it from ``Lookahead.last_stats`` after the call.
 
     ``steps`` counts the forward passes that produced tokens, the prompt's prefill included (so
-    plain decoding would take ``new_tokens`` steps). ``accepted_hist[k]`` is
-    the number of steps whose verification produced k + 1 tokens (k accepted candidate tokens
-    plus the bonus token); a stop (EOS, stop string, max length) inside a step drops the tokens
-    after it, counted in ``truncated_tokens``.
+    plain decoding of one row would take ``new_tokens`` steps); ``row_steps`` counts each pass
+    once per row it carried. ``accepted_hist[k]`` is the number of row steps whose verification
+    produced k + 1 tokens (k accepted candidate tokens plus the bonus token); a stop (EOS, stop
+    string, max length) inside a step drops the tokens after it, counted in
+    ``truncated_tokens``.
     """
 
     config: LookaheadConfig
-    prompt_tokens: int = 0
-    new_tokens: int = 0
-    steps: int = 0
+    batch_size: int = 1
+    prompt_tokens: int = 0  # all rows, without padding
+    new_tokens: int = 0  # all rows, without padding
+    steps: int = 0  # forward passes
+    row_steps: int = 0  # forward passes times the rows active in each
     accepted_hist: list[int] = field(default_factory=list)
     truncated_tokens: int = 0  # verified tokens dropped because a stop came before them
     wide_steps: int = 0  # steps that carried the window or candidates (the rest: t alone)
@@ -80,8 +83,8 @@ class LookaheadStats:
 
     @property
     def tokens_per_step(self) -> float:
-        """New tokens per decoding step (the compression ratio over plain decoding)."""
-        return self.new_tokens / max(1, self.steps)
+        """New tokens per row and step (the compression ratio over plain decoding)."""
+        return self.new_tokens / max(1, self.row_steps or self.steps)
 
     @property
     def mean_accepted(self) -> float:
@@ -102,9 +105,11 @@ class LookaheadStats:
             "window_size": self.config.window_size,
             "ngram_size": self.config.ngram_size,
             "max_candidates": self.config.max_candidates,
+            "batch_size": self.batch_size,
             "prompt_tokens": self.prompt_tokens,
             "new_tokens": self.new_tokens,
             "steps": self.steps,
+            "row_steps": self.row_steps,
             "tokens_per_step": self.tokens_per_step,
             "mean_accepted": self.mean_accepted,
             "accepted_hist": list(self.accepted_hist),

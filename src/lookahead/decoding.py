@@ -3,32 +3,40 @@
 transformers prepares the inputs, the logits processors and the stopping criteria, then calls
 :meth:`Lookahead.__call__` with the same arguments as its own ``_sample`` loop. The loop:
 
-1. prefill the prompt as plain decoding does; its last row gives the first token t (the cache
-   never holds t);
-2. each step, one forward pass over t, the lookahead window and up to G pooled candidates;
-3. verify the candidates greedily: accepted tokens plus the bonus token (1 to N tokens);
+1. prefill the prompts as plain decoding does; each row's last position gives its first token t
+   (the cache never holds t);
+2. each step, one forward pass over every active row's t, lookahead window and up to G pooled
+   candidates;
+3. verify each row's candidates: accepted tokens plus the bonus token (1 to N tokens per row);
 4. emit them one by one through the stopping criteria and the streamer;
-5. keep in the cache exactly the committed tokens; update the window and the pool.
+5. keep in the cache exactly the committed tokens (``lookahead.runner`` explains how, for rows
+   that advance unevenly); update the windows and pools; drop the rows that have finished.
+
+A batch is handled as transformers handles it: left-padded prompts, rows that stop are padded
+after their stop (or, without an EOS criterion, decoded on until every row has stopped).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import logging
 import time
 
 import torch
-from transformers import DynamicCache, StoppingCriteriaList, StopStringCriteria
-from transformers.generation.utils import GenerateDecoderOnlyOutput
+from transformers import StoppingCriteriaList, StopStringCriteria
+from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerateEncoderDecoderOutput
 
 from .config import LookaheadConfig, LookaheadStats
 from .gate import StepGate
-from .layout import build_layout
+from .layout import StepLayout
 from .pool import NGramPool
-from .step import Scorer, forward_step, keep_committed, prefill, prompt_tokens, validate_call
-from .support import check_model
-from .verify import verify_greedy, verify_sampling
+from .rows import Emitter, Row, align, assemble, plan_step
+from .runner import DecoderRunner, Seq2SeqRunner
+from .step import Scorer, prompt_rows, validate_call
+from .support import MaskSpec, check_model
+from .verify import Verdict, verify_greedy, verify_sampling
 from .window import JacobiWindow
 
 logger = logging.getLogger(__name__)
@@ -101,117 +109,162 @@ class Lookahead:
     def __call__(
         self,
         model,
-        input_ids: torch.LongTensor,  # [1, S]
+        input_ids: torch.LongTensor,  # [B, S]
         logits_processor,
         stopping_criteria,
         generation_config,
         synced_gpus: bool = False,
         streamer=None,
+        source_ids: torch.LongTensor | None = None,  # [B, S_enc]: pooled too, for encoder-decoder models
         **model_kwargs,
     ):
         spec = check_model(model)
-        validate_call(input_ids, generation_config, synced_gpus, model_kwargs)
-        cfg = self.config_for(model.device)
-        stats = LookaheadStats(config=cfg, accepted_hist=[0] * cfg.ngram_size)
+        validate_call(input_ids, generation_config, synced_gpus, model_kwargs, streamer)
+        cfg = self._settle(self.config_for(model.device), spec)
+        batch, max_length = input_ids.shape[0], generation_config.max_length
+        stats = LookaheadStats(config=cfg, accepted_hist=[0] * cfg.ngram_size, batch_size=batch)
         self.last_stats = stats
-        want_scores = generation_config.return_dict_in_generate and generation_config.output_scores
-        want_logits = generation_config.return_dict_in_generate and generation_config.output_logits
-        scores: tuple = ()
-        raw_logits: tuple = ()
-
-        # committed: the prompt without left padding, then every emitted token (python ints)
-        committed = prompt_tokens(input_ids, model_kwargs.get("attention_mask"), spec)
-        n_prompt = stats.prompt_tokens = len(committed)
-        cache = DynamicCache()
-        pool = NGramPool(cfg.ngram_size, max(1, cfg.max_candidates))
-        if cfg.seed_pool_from_prompt:
-            pool.add_sequence(committed)
-        window = JacobiWindow(cfg.window_size, cfg.ngram_size, committed)
+        want = generation_config.return_dict_in_generate
+        has_eos = any(hasattr(criterion, "eos_token_id") for criterion in stopping_criteria)
+        emitter = Emitter(
+            stopping_criteria,
+            streamer,
+            want_scores=want and generation_config.output_scores,
+            want_logits=want and generation_config.output_logits,
+            stop_ends_row=has_eos or batch == 1,
+        )
+        prompts = prompt_rows(input_ids, model_kwargs.get("attention_mask"), spec)
+        stats.prompt_tokens = sum(len(p) for p in prompts)
+        rows = [self._row(b, input_ids, prompt, cfg, source_ids) for b, prompt in enumerate(prompts)]
+        runner = Seq2SeqRunner(model, model_kwargs) if spec.encoder_decoder else DecoderRunner(model, spec)
         gate = StepGate(enabled=cfg.adaptive)
-        n, max_length = cfg.ngram_size, generation_config.max_length
+        sample = generation_config.do_sample
 
-        def emit(tokens, rows, scorer) -> tuple[int, bool]:
-            """Append tokens one by one, as plain decoding would, until a stop.
-            Returns (tokens kept, whether generation stopped)."""
-            nonlocal input_ids, scores, raw_logits
-            for count, (token, row) in enumerate(zip(tokens, rows, strict=True), start=1):
-                if want_scores:
-                    scores += (scorer.processed(row)[None],)
-                if want_logits:
-                    raw_logits += (scorer.raw(row)[None],)
-                input_ids = torch.cat([input_ids, input_ids.new_tensor([[token]])], dim=-1)
-                committed.append(token)
-                if streamer is not None:
-                    streamer.put(input_ids.new_tensor([token]).cpu())
-                if bool(stopping_criteria(input_ids, scores if want_scores else None).any()):
-                    return count, True
-            return len(tokens), False
-
-        # 1. prefill the prompt; its last row gives the first token, exactly as in plain decoding
+        # 1. prefill every prompt; its last position gives the row's first token, as in plain decoding
         start = time.perf_counter()
-        first = Scorer(prefill(model, spec, committed, cache, input_ids.device), None, logits_processor, input_ids, [])
-        token = first.sample(0) if generation_config.do_sample else first.choice(0)
+        logits = runner.prefill(prompts)  # [B, V]
         stats.prefill_seconds = time.perf_counter() - start
         start = time.perf_counter()
-        finished = emit([token], [0], first)[1]
-        stats.steps, stats.accepted_hist[0] = 1, 1
-        if cfg.pool_from_output:
-            pool.add_sequence(committed, start=len(committed) - n)
+        for b, row in enumerate(rows):
+            first = Scorer(logits[b : b + 1], None, logits_processor, row.ids, [])
+            emitter.emit(row, [first.sample(0) if sample else first.choice(0)], [0], first)
+            _pool_output(row, cfg, 1)
+        stats.steps, stats.row_steps, stats.accepted_hist[0] = 1, batch, batch
+        active = _drop_finished(rows, rows, runner, emitter.stop_ends_row, max_length)
 
-        while not finished:
-            # 2. lay out and run one step (t alone when the gate finds wide steps do not pay)
+        while active:
+            # 2. plan and run one step for every active row (t alone while wide steps do not pay)
             wide = gate.wide()
             step_start = time.perf_counter()
-            t, past = committed[-1], len(committed) - 1
-            remaining = max_length - input_ids.shape[1]  # tokens this call may still emit
-            cand_len = min(n - 1, remaining - 1)
-            if spec.max_positions is not None:
-                cand_len = min(cand_len, spec.max_positions - 1 - past)
-            candidates = [c[:cand_len] for c in pool.candidates(t, cfg.max_candidates)] if wide and cand_len > 0 else []
-            n_levels = window.n_levels if wide else 0
-            if spec.max_positions is not None and past + n_levels + cfg.window_size - 1 > spec.max_positions:
-                n_levels = 0  # the window would run past the position table: skip it this step
-            layout = build_layout(1, cfg.window_size, n_levels, len(candidates), cand_len)
-            step_ids = [t, *(window.tokens() if n_levels else []), *(x for c in candidates for x in c)]
-            logits = forward_step(model, spec, layout, step_ids, past, cache)  # [K, V]
-            scorer = Scorer(logits, layout, logits_processor, input_ids, candidates)
+            limits = [_limit(row, rows, emitter.stop_ends_row, max_length) for row in active]
+            layout, step_ids = plan_step(active, cfg, wide, spec, limits)
+            logits = runner.step(layout, step_ids)  # [B, K, V]
 
-            # 3. verify: greedy, or sampling that keeps the processed distribution exactly
-            if generation_config.do_sample:
-                verdict = verify_sampling(candidates, scorer.distribution)
-            else:
-                verdict = verify_greedy(scorer.choice(layout.t_row), candidates, scorer.candidate_choice)
-            emitted_rows = [layout.t_row, *(layout.candidate_rows[k][j] for k, j in verdict.path)]
-            gate.record(layout.length > 1, time.perf_counter() - step_start, len(verdict.emitted))
+            # 3. verify each row: greedy, or sampling that keeps the processed distribution exactly
+            scorers = [Scorer(logits[b], layout, logits_processor, r.ids, r.candidates) for b, r in enumerate(active)]
+            verdicts = [_verify(row, scorer, layout, sample) for row, scorer in zip(active, scorers, strict=True)]
+            if runner.aligned:
+                verdicts = align(verdicts, active)
 
             # 4. emit token by token through the stopping criteria and the streamer
-            kept, finished = emit(verdict.emitted, emitted_rows, scorer)
+            kept = []
+            for row, verdict, scorer in zip(active, verdicts, scorers, strict=True):
+                emitted_rows = [layout.t_row, *(layout.candidate_rows[k][j] for k, j in verdict.path)]
+                kept.append(emitter.emit(row, verdict.emitted, emitted_rows, scorer))
+            gate.record(layout.length > 1, time.perf_counter() - step_start, sum(kept) / len(kept))
 
-            # 5. commit: cache, window, pool, statistics
-            keep_committed(cache, past, layout, verdict.candidate, kept)
-            if n_levels:
-                for ngram in window.update(t, [scorer.raw_choice(r) for r in layout.last_level_rows]):
-                    pool.add(ngram)
-            if cfg.pool_from_output:
-                pool.add_sequence(committed, start=len(committed) - kept - n + 1)
+            # 5. commit: cache, windows, pools, statistics; drop the rows that have finished
+            runner.commit(layout, [(v.candidate, k) for v, k in zip(verdicts, kept, strict=True)])
+            for row, ids, verdict, scorer, count in zip(active, step_ids, verdicts, scorers, kept, strict=True):
+                if layout.level_rows:
+                    for ngram in row.window.update(ids[0], [scorer.raw_choice(r) for r in layout.last_level_rows]):
+                        row.pool.add(ngram)
+                _pool_output(row, cfg, count)
+                stats.accepted_hist[len(verdict.emitted) - 1] += 1
+                stats.truncated_tokens += len(verdict.emitted) - count
             stats.steps += 1
-            stats.accepted_hist[len(verdict.emitted) - 1] += 1
-            stats.truncated_tokens += len(verdict.emitted) - kept
+            stats.row_steps += len(active)
+            active = _drop_finished(active, rows, runner, emitter.stop_ends_row, max_length)
 
-        stats.new_tokens = len(committed) - n_prompt
+        sequences = assemble(rows, input_ids.shape[1], emitter.stop_ends_row, generation_config._pad_token_tensor)
+        stats.new_tokens = int((sequences.shape[1] - input_ids.shape[1]) * batch)
+        if emitter.stop_ends_row:  # rows padded after their stop did not generate the padding
+            stats.new_tokens = sum(row.ids.shape[1] - input_ids.shape[1] for row in rows)
         stats.wide_steps = gate.wide_steps
         stats.decode_seconds = time.perf_counter() - start
         if streamer is not None:
             streamer.end()
         logger.debug("lookahead %s: %s", cfg, stats.as_dict())
-        if not generation_config.return_dict_in_generate:
-            return input_ids
-        return GenerateDecoderOnlyOutput(
-            sequences=input_ids,
-            scores=scores if want_scores else None,
-            logits=raw_logits if want_logits else None,
+        if not want:
+            return sequences
+        # a batch's cache holds holes (see lookahead.runner) and finished rows were dropped from it
+        cache = runner.cache if batch == 1 else None
+        outputs = dict(
+            sequences=sequences,
+            scores=emitter.scores if generation_config.output_scores else None,
+            logits=emitter.logits if generation_config.output_logits else None,
             cache=cache,
         )
+        return GenerateEncoderDecoderOutput(**outputs) if spec.encoder_decoder else GenerateDecoderOnlyOutput(**outputs)
+
+    def _settle(self, cfg: LookaheadConfig, spec: MaskSpec) -> LookaheadConfig:
+        """Encoder-decoder decoders take linear steps only: no window, one candidate (see runner)."""
+        if not spec.encoder_decoder or (cfg.window_size == 0 and cfg.max_candidates <= 1):
+            return cfg
+        if self._overrides["window_size"] or (self._overrides["max_candidates"] or 0) > 1:
+            logger.warning(
+                "encoder-decoder models run lookahead with W=0 and G<=1 (their decoders take no "
+                "position_ids); asked for W=%s, G=%s",
+                cfg.window_size,
+                cfg.max_candidates,
+            )
+        return dataclasses.replace(cfg, window_size=0, max_candidates=min(1, cfg.max_candidates))
+
+    @staticmethod
+    def _row(index: int, input_ids, prompt: list[int], cfg: LookaheadConfig, source_ids) -> Row:
+        pool = NGramPool(cfg.ngram_size, max(1, cfg.max_candidates))
+        if cfg.seed_pool_from_prompt:
+            pool.add_sequence(prompt)
+            if source_ids is not None:
+                pool.add_sequence(source_ids[index].tolist())
+        window = JacobiWindow(cfg.window_size, cfg.ngram_size, prompt)
+        return Row(index=index, ids=input_ids[index : index + 1], committed=list(prompt), pool=pool, window=window)
+
+
+def _verify(row: Row, scorer: Scorer, layout: StepLayout, sample: bool) -> Verdict:
+    if sample:
+        return verify_sampling(row.candidates, scorer.distribution)
+    return verify_greedy(scorer.choice(layout.t_row), row.candidates, scorer.candidate_choice)
+
+
+def _pool_output(row: Row, cfg: LookaheadConfig, emitted: int) -> None:
+    """Pool the n-grams that end in the tokens just emitted."""
+    if cfg.pool_from_output:
+        row.pool.add_sequence(row.committed, start=len(row.committed) - emitted - cfg.ngram_size + 1)
+
+
+def _limit(row: Row, rows: list[Row], stop_ends_row: bool, max_length: int) -> int:
+    """The length a row may reach: max_length, or, once every row has stopped (rows that run on
+    after their stop), the longest stop."""
+    if stop_ends_row or any(r.stopped_at is None for r in rows):
+        return max_length
+    return max(r.stopped_at for r in rows)
+
+
+def _drop_finished(active: list[Row], rows: list[Row], runner, stop_ends_row: bool, max_length: int) -> list[Row]:
+    """The rows still decoding; the runner forgets the others."""
+
+    def finished(row: Row) -> bool:
+        if row.ids.shape[1] >= max_length:
+            return True
+        if row.stopped_at is None:
+            return False
+        return stop_ends_row or row.ids.shape[1] >= _limit(row, rows, False, max_length)
+
+    keep = [i for i, row in enumerate(active) if not finished(row)]
+    if keep and len(keep) < len(active):
+        runner.select(keep)
+    return [active[i] for i in keep]
 
 
 __all__ = ["Lookahead"]

@@ -10,52 +10,22 @@ from .layout import StepLayout
 from .support import MaskSpec
 
 
-def prefill(model, spec: MaskSpec, tokens: Sequence[int], cache, device) -> torch.Tensor:
-    """Fill the cache with the prompt at positions 0..len-1 (the model builds its causal mask), as
-    plain decoding does, and return the last position's logits [1, V]."""
-    kwargs = {"logits_to_keep": 1} if spec.keeps_logits else {}
-    out = model(
-        input_ids=torch.tensor([list(tokens)], device=device),
-        position_ids=torch.arange(len(tokens), device=device)[None],
-        cache=cache,
-        use_cache=True,
-        **kwargs,
-    )
-    return out.logits[:, -1]
-
-
-def forward_step(model, spec: MaskSpec, layout: StepLayout, step_ids: Sequence[int], past: int, cache):
-    """One forward pass over a step laid out by ``layout``; returns the used rows' logits [K, V]."""
-    device = model.device
-    positions = (layout.positions + past).to(device)  # [L]
-    keep = spec.keeps_logits
-    # t alone sees the whole cache: let the model build its own mask, exactly as in plain decoding
-    # (the same attention kernel, hence the same rounding, and no mask to build)
-    mask = None if layout.length == 1 else spec.build(layout.mask.to(device), past, positions, model.dtype)
-    out = model(
-        input_ids=torch.tensor([list(step_ids)], device=device),
-        position_ids=positions[None],
-        attention_mask=mask,
-        cache=cache,
-        use_cache=True,
-        **({"logits_to_keep": layout.logit_rows.to(device)} if keep else {}),
-    )
-    return out.logits[0] if keep else out.logits[0, layout.logit_rows.to(device)]
-
-
-def validate_call(input_ids, generation_config, synced_gpus, model_kwargs) -> None:
+def validate_call(input_ids, generation_config, synced_gpus, model_kwargs, streamer=None) -> None:
     """Refuse, before any decoding, what this loop cannot do exactly."""
-    if input_ids.shape[1] == 0:
+    if input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise ValueError("the prompt is empty: give at least one token (e.g. the BOS token)")
     if (generation_config.num_beams or 1) > 1:
         raise ValueError("lookahead decoding does not do beam search: pass num_beams=1")
-    if (generation_config.num_return_sequences or 1) > 1:
-        raise ValueError("lookahead decoding is greedy: num_return_sequences > 1 would repeat one output")
-    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
-        raise ValueError(
-            f"lookahead decoding runs one sequence at a time for now; got a batch of shape "
-            f"{tuple(input_ids.shape)}. Call generate once per prompt."
-        )
+    if input_ids.shape[0] > 1:
+        if streamer is not None:
+            raise ValueError("streamers take one sequence: stream a batch of 1, or drop the streamer")
+        if generation_config.return_dict_in_generate and (
+            generation_config.output_scores or generation_config.output_logits
+        ):
+            raise ValueError(
+                "output_scores / output_logits are available for a batch of 1 only: rows of a batch "
+                "advance unevenly under lookahead decoding, so there is no per-step score tensor"
+            )
     if synced_gpus:
         raise ValueError("lookahead decoding does not support synced_gpus (DeepSpeed ZeRO-3 / FSDP)")
     if generation_config.return_dict_in_generate and (
@@ -73,26 +43,31 @@ def validate_call(input_ids, generation_config, synced_gpus, model_kwargs) -> No
             raise ValueError("lookahead decoding starts from an empty cache: do not pass a filled cache")
 
 
-def prompt_tokens(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, spec: MaskSpec) -> list[int]:
-    """The prompt's tokens without left padding, checked against the model's position limit."""
-    tokens = input_ids[0].tolist()
-    if attention_mask is not None:
-        keep = attention_mask[0].tolist()
-        first = keep.index(1) if 1 in keep else len(keep)
-        if any(k == 0 for k in keep[first:]):
+def prompt_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, spec: MaskSpec) -> list[list[int]]:
+    """Each row's prompt without its left padding, checked against the model's position limit.
+
+    For encoder-decoder models ``input_ids`` are the decoder's start tokens and are kept whole.
+    """
+    rows = []
+    for b, tokens in enumerate(input_ids.tolist()):
+        if attention_mask is not None and not spec.encoder_decoder:
+            keep = attention_mask[b].tolist()
+            first = keep.index(1) if 1 in keep else len(keep)
+            if any(k == 0 for k in keep[first:]):
+                raise ValueError(
+                    f"row {b} of the attention_mask has padding after its first real token: decoder-only "
+                    "models need left padding (tokenizer.padding_side = 'left')"
+                )
+            tokens = tokens[first:]
+        if not tokens:
+            raise ValueError(f"the prompt of row {b} is empty once its padding is removed")
+        if spec.max_positions is not None and len(tokens) >= spec.max_positions:
             raise ValueError(
-                "the attention_mask has padding after the first real token: decoder-only models "
-                "need left padding (tokenizer.padding_side = 'left')"
+                f"the prompt of row {b} has {len(tokens)} tokens but the model takes at most "
+                f"{spec.max_positions} positions: shorten the prompt"
             )
-        tokens = tokens[first:]
-    if not tokens:
-        raise ValueError("the prompt is empty once its padding is removed")
-    if spec.max_positions is not None and len(tokens) >= spec.max_positions:
-        raise ValueError(
-            f"the prompt has {len(tokens)} tokens but the model takes at most {spec.max_positions} "
-            "positions: shorten the prompt"
-        )
-    return tokens
+        rows.append(tokens)
+    return rows
 
 
 class Scorer:
@@ -151,19 +126,3 @@ class Scorer:
         """Sampling distribution after t (depth 0) or after token depth-1 of candidate k."""
         row = self.layout.t_row if depth == 0 else self.layout.candidate_rows[k][depth - 1]
         return torch.softmax(self.processed(row), dim=-1)
-
-
-def keep_committed(cache, past: int, layout: StepLayout, candidate: int | None, emitted: int) -> None:
-    """Leave in the cache exactly the committed tokens but the newest.
-
-    The step appended ``layout.length`` entries after ``past``. Keep t's entry, move the entries
-    of the first ``emitted - 1`` tokens of the accepted candidate right behind it, drop the rest.
-    """
-    kept = emitted - 1  # accepted candidate tokens that are now committed and cached
-    if candidate is not None and kept > 0:
-        src = torch.tensor([past + r for r in layout.candidate_rows[candidate][:kept]])
-        for layer in cache.layers:
-            src_dev = src.to(layer.keys.device)
-            layer.keys[:, :, past + 1 : past + 1 + kept] = layer.keys[:, :, src_dev]
-            layer.values[:, :, past + 1 : past + 1 + kept] = layer.values[:, :, src_dev]
-    cache.crop(-(layout.length - emitted))

@@ -36,31 +36,32 @@ class MaskSpec:
     sliding_window: int | None
     max_positions: int | None  # size of a learned position table, if any bound is known
     keeps_logits: bool = False  # forward() takes logits_to_keep (set by check_model)
+    encoder_decoder: bool = False  # lookahead runs in the decoder, over aligned linear steps
 
-    def build(self, step_mask: torch.Tensor, past: int, positions: torch.Tensor, dtype: torch.dtype):
-        """The ``attention_mask`` argument for one forward pass.
+    def build(self, step_mask: torch.Tensor, key_pos: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype):
+        """The ``attention_mask`` argument for one forward pass over a batch.
 
-        step_mask: [L, L] bool, within the step; positions: [L] absolute positions of the step's
-        tokens; the cache holds ``past`` tokens at positions 0..past-1.
-        Returns a float mask [1, 1, L, past + L] (0 = attend, dtype min = blocked), or a dict of
-        them keyed by layer type.
+        step_mask: [L, L] bool, within the step (shared by every row); key_pos: [B, C] position of
+        each cached slot, -1 for a hole or pad; positions: [B, L] absolute positions of the step's
+        tokens. Returns a float mask [B, 1, L, C + L] (0 = attend, dtype min = blocked), or a
+        dict of them keyed by layer type.
         """
-        length = step_mask.shape[0]
-        device = step_mask.device
-        full = torch.cat([torch.ones(length, past, dtype=torch.bool, device=device), step_mask], dim=1)
+        batch, length = positions.shape
+        cached = (key_pos >= 0)[:, None, :].expand(batch, length, key_pos.shape[1])
+        full = torch.cat([cached, step_mask[None].expand(batch, length, length)], dim=2)  # [B, L, C + L]
         masks = {}
         for layer_type in self.layer_types:
             allowed = full
             if layer_type == "sliding_attention" and self.sliding_window is not None:
-                key_pos = torch.cat([torch.arange(past, device=device), positions])
-                allowed = full & (key_pos[None, :] > positions[:, None] - self.sliding_window)
+                keys = torch.cat([key_pos, positions], dim=1)  # [B, C + L]
+                allowed = full & (keys[:, None, :] > positions[:, :, None] - self.sliding_window)
             masks[layer_type] = _to_float(allowed, dtype)
         return masks[self.layer_types[0]] if len(masks) == 1 else masks
 
 
 def _to_float(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     blocked = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype, device=allowed.device)
-    return torch.where(allowed, torch.zeros((), dtype=dtype, device=allowed.device), blocked)[None, None]
+    return torch.where(allowed, torch.zeros((), dtype=dtype, device=allowed.device), blocked)[:, None]
 
 
 def mask_spec(config) -> MaskSpec:
@@ -99,9 +100,10 @@ def check_model(model) -> MaskSpec:
         return cached[1]
     name = type(model).__name__
     if getattr(config, "is_encoder_decoder", False):
-        raise UnsupportedModelError(
-            f"{name} is an encoder-decoder model; lookahead supports decoder-only models for now."
-        )
+        # no custom mask or position_ids reach the decoder (see lookahead.runner): nothing to probe
+        spec = dataclasses.replace(mask_spec(config), encoder_decoder=True, layer_types=("full_attention",))
+        _checked[model] = (attn, spec)
+        return spec
     if getattr(model, "_is_stateful", False):
         raise UnsupportedModelError(
             f"{name} is a recurrent / state-space model: its state cannot be rolled back per token "
@@ -138,7 +140,7 @@ def _probe_mask(model, spec: MaskSpec) -> None:
             model(
                 input_ids=ids,
                 position_ids=positions[None],
-                attention_mask=spec.build(mask, 0, positions, dtype),
+                attention_mask=spec.build(mask, positions.new_zeros(1, 0), positions[None], dtype),
                 cache=cache,
                 use_cache=True,
             )

@@ -1,0 +1,207 @@
+"""Forward passes and the KV cache for a batch of rows that advance unevenly.
+
+A step feeds every active row the same layout (t, window, candidates), but each row accepts its
+own number of tokens. Two strategies keep the cache exact:
+
+**Holes, masked** (:class:`DecoderRunner`, decoder-only models). Each step appends
+``m = max_b kept_b`` slots to every row: row b moves its ``kept_b`` committed entries (t and its
+accepted candidate tokens) to the front of the step's region, and the remaining ``m - kept_b``
+slots become holes. ``key_pos`` [B, C] records each slot's position (-1 for a hole or a left
+pad); the 4D mask of the next step hides holes, and ``position_ids`` give each token its true
+position, so a row never sees where the others are. Example: prompts a0..a3 and b0 b1, then
+two steps (step 1 keeps 3 tokens of row a and 1 of row b, step 2 keeps 1 and 2; ``_`` is a left
+pad, ``.`` a hole)::
+
+    slot:        0   1   2   3 |  4   5   6 |  7   8
+    row a:      a0  a1  a2  a3 | a4  a5  a6 | a7   .
+    row b:       _   _  b0  b1 | b2   .   . | b3  b4
+    key_pos a:   0   1   2   3 |  4   5   6 |  7  -1
+    key_pos b:  -1  -1   0   1 |  2  -1  -1 |  3   4
+                   prefill     |   step 1   |  step 2
+
+Moving entries costs one gather over the step's region, never over the whole cache; holes cost
+a few masked columns, and the leading columns that are holes in every row are cut whenever a
+finished row is dropped. The model must take explicit
+``position_ids`` and a custom 4D mask (``support.check_model`` probes for both). Sliding-window
+layers get ``key > query - window`` on *positions*, not slots.
+
+**Aligned** (:class:`Seq2SeqRunner`, encoder-decoder models). BART, Marian, T5 and their kin
+derive decoder positions from the cache length (absolute embeddings, or T5's relative bias over
+slot distances), so a row's tokens must sit in consecutive slots, all rows alike. Steps use a
+linear layout (t and one candidate chain, no window), and every row commits the same number
+of tokens, the smallest any row accepted; the verified tokens a row could not commit are
+offered again as its first candidate next step, where they are accepted at once (greedy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import DynamicCache, EncoderDecoderCache
+from transformers.modeling_outputs import BaseModelOutput
+
+from .layout import StepLayout
+from .support import MaskSpec
+
+
+def _src_rows(layout: StepLayout, picks: Sequence[tuple[int | None, int]], width: int) -> list[list[int]]:
+    """For each row, the step rows whose cache entries it keeps (t first), padded to ``width``."""
+    rows = []
+    for candidate, kept in picks:
+        src = [layout.t_row]
+        if candidate is not None:
+            src += list(layout.candidate_rows[candidate][: kept - 1])
+        rows.append(src + [layout.t_row] * (width - len(src)))
+    return rows
+
+
+def _compact_step(layers, past: int, src: list[list[int]]) -> None:
+    """Move each row's kept entries of the step region (slots past..) to its front: [B, m] rows."""
+    width = len(src[0])
+    if all(row == list(range(width)) for row in src):
+        return  # already in place (t, then the first candidate or a linear chain)
+    for layer in layers:
+        index = torch.tensor(src, device=layer.keys.device) + past  # [B, m]
+        for name in ("keys", "values"):
+            states = getattr(layer, name)  # [B, H, C + L, D]
+            gathered = states.gather(2, index[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[3]))
+            states[:, :, past : past + width] = gathered
+
+
+class DecoderRunner:
+    """Decoder-only models: one DynamicCache, holes masked (see the module docstring)."""
+
+    aligned = False  # rows may commit different numbers of tokens per step
+
+    def __init__(self, model, spec: MaskSpec) -> None:
+        self.model, self.spec = model, spec
+        self.cache = DynamicCache()
+        self.key_pos: torch.Tensor | None = None  # [B, C] position of each cached slot, -1 = hole
+        self.n_cached: torch.Tensor | None = None  # [B] committed tokens in the cache per row
+        self.holes = False
+
+    def _logits_kwargs(self, rows: torch.Tensor | int) -> dict:
+        return {"logits_to_keep": rows} if self.spec.keeps_logits else {}
+
+    def prefill(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Fill the cache with the prompts (left-padded, as transformers does) -> last logits [B, V]."""
+        device = self.model.device
+        longest = max(len(p) for p in prompts)
+        pads = [longest - len(p) for p in prompts]
+        ids = torch.tensor([[p[0]] * pad + list(p) for p, pad in zip(prompts, pads, strict=True)], device=device)
+        key_pos = torch.stack([torch.arange(longest, device=device) - pad for pad in pads])  # [B, S]
+        key_pos[key_pos < 0] = -1
+        self.holes = any(pads)
+        # as transformers' prefill: a 2D padding mask (the model builds the causal part), pads at position 1
+        mask = (key_pos >= 0).long() if self.holes else None
+        positions = key_pos.masked_fill(key_pos < 0, 1)
+        out = self.model(
+            input_ids=ids,
+            position_ids=positions,
+            attention_mask=mask,
+            cache=self.cache,
+            use_cache=True,
+            **self._logits_kwargs(1),
+        )
+        self.key_pos = key_pos
+        self.n_cached = torch.tensor([len(p) for p in prompts], device=device)
+        return out.logits[:, -1]
+
+    def step(self, layout: StepLayout, step_ids: Sequence[Sequence[int]]) -> torch.Tensor:
+        """One forward pass over every row's step -> the used rows' logits [B, K, V]."""
+        device = self.model.device
+        positions = layout.positions.to(device)[None] + self.n_cached[:, None]  # [B, L]
+        # t alone with no hole to hide: let the model build its own mask, exactly as plain decoding
+        # (the same attention kernel, hence the same rounding)
+        if layout.length == 1 and not self.holes:
+            mask = None
+        else:
+            mask = self.spec.build(layout.mask.to(device), self.key_pos, positions, self.model.dtype)
+        rows = layout.logit_rows.to(device)
+        out = self.model(
+            input_ids=torch.tensor([list(s) for s in step_ids], device=device),
+            position_ids=positions,
+            attention_mask=mask,
+            cache=self.cache,
+            use_cache=True,
+            **self._logits_kwargs(rows),
+        )
+        return out.logits if self.spec.keeps_logits else out.logits[:, rows]
+
+    def commit(self, layout: StepLayout, picks: Sequence[tuple[int | None, int]]) -> None:
+        """Keep, per row, t and its first ``kept - 1`` accepted candidate tokens: picks[b] =
+        (accepted candidate or None, tokens kept >= 1)."""
+        width = max(kept for _, kept in picks)
+        past = self.cache.get_seq_length() - layout.length
+        _compact_step(self.cache.layers, past, _src_rows(layout, picks, width))
+        self.cache.crop(-(layout.length - width))
+        kept = torch.tensor([k for _, k in picks], device=self.n_cached.device)
+        offsets = torch.arange(width, device=kept.device)
+        new_pos = torch.where(offsets[None] < kept[:, None], self.n_cached[:, None] + offsets[None], -1)
+        self.key_pos = torch.cat([self.key_pos, new_pos], dim=1)
+        self.n_cached = self.n_cached + kept
+        self.holes = self.holes or bool((kept < width).any())
+
+    def select(self, keep: Sequence[int]) -> None:
+        """Keep only the rows ``keep`` (indices into the current batch), then cut leading columns
+        that are holes in every remaining row."""
+        index = torch.tensor(list(keep), device=self.key_pos.device)
+        self.cache.batch_select_indices(index)
+        self.key_pos, self.n_cached = self.key_pos[index], self.n_cached[index]
+        valid = (self.key_pos >= 0).any(dim=0)
+        lead = int(valid.long().argmax()) if bool(valid.any()) else 0
+        if lead > 0:
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, lead:], layer.values[:, :, lead:]
+            self.key_pos = self.key_pos[:, lead:]
+        self.holes = bool((self.key_pos < 0).any())
+
+
+class Seq2SeqRunner:
+    """Encoder-decoder models: the decoder runs linear steps over aligned rows."""
+
+    aligned = True  # every row commits the same number of tokens per step
+
+    def __init__(self, model, model_kwargs: dict) -> None:
+        self.model = model
+        encoder_outputs = model_kwargs.get("encoder_outputs")
+        if encoder_outputs is None:
+            raise ValueError("no encoder_outputs were prepared: call model.generate, which runs the encoder once")
+        self.encoder_hidden = encoder_outputs[0]  # [B, S_enc, D]
+        self.encoder_mask = model_kwargs.get("attention_mask")  # [B, S_enc] or None
+        self.cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+
+    def _forward(self, ids: torch.Tensor) -> torch.Tensor:  # ids [B, L] -> logits [B, L, V]
+        return self.model(
+            encoder_outputs=BaseModelOutput(last_hidden_state=self.encoder_hidden),
+            attention_mask=self.encoder_mask,
+            decoder_input_ids=ids,
+            cache=self.cache,
+            use_cache=True,
+        ).logits
+
+    def prefill(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Run the decoder prompts (all the same length) -> last logits [B, V]."""
+        if len({len(p) for p in prompts}) != 1:
+            raise ValueError("encoder-decoder rows need decoder prompts of one length (no decoder padding)")
+        return self._forward(torch.tensor([list(p) for p in prompts], device=self.model.device))[:, -1]
+
+    def step(self, layout: StepLayout, step_ids: Sequence[Sequence[int]]) -> torch.Tensor:
+        """A linear step ([t, c_1, ..., c_k] per row) -> the used rows' logits [B, K, V]."""
+        logits = self._forward(torch.tensor([list(s) for s in step_ids], device=self.model.device))
+        return logits[:, layout.logit_rows.to(logits.device)]
+
+    def commit(self, layout: StepLayout, picks: Sequence[tuple[int | None, int]]) -> None:
+        """Every row keeps the same number of entries: t and the first accepted tokens."""
+        kept = {k for _, k in picks}
+        if len(kept) != 1:
+            raise AssertionError(f"aligned rows must commit alike, got {sorted(kept)}")
+        self.cache.crop(-(layout.length - kept.pop()))
+
+    def select(self, keep: Sequence[int]) -> None:
+        index = torch.tensor(list(keep), device=self.encoder_hidden.device)
+        self.cache.batch_select_indices(index)
+        self.encoder_hidden = self.encoder_hidden[index]
+        if self.encoder_mask is not None:
+            self.encoder_mask = self.encoder_mask[index]
