@@ -50,12 +50,6 @@ def test_unsupported_options(kwargs, match):
         generate(tiny_model("llama"), repetitive_prompt(), **kwargs)
 
 
-def test_batches_are_refused_for_now():
-    prompt = torch.cat([repetitive_prompt(12, 0), repetitive_prompt(12, 1)])
-    with pytest.raises(ValueError, match="one sequence at a time"):
-        generate(tiny_model("llama"), prompt)
-
-
 def test_right_padding_is_refused():
     prompt = repetitive_prompt(12, 0)
     mask = torch.ones_like(prompt)
@@ -91,16 +85,6 @@ def test_filled_cache_is_refused():
     model(repetitive_prompt(8), cache=cache, use_cache=True)
     with pytest.raises(ValueError, match="empty cache"):
         generate(model, repetitive_prompt(12), cache=cache)
-
-
-def test_encoder_decoder_model_is_refused():
-    from transformers import T5Config, T5ForConditionalGeneration
-
-    model = T5ForConditionalGeneration(
-        T5Config(vocab_size=64, d_model=32, d_ff=64, d_kv=8, num_layers=1, num_heads=2, decoder_start_token_id=0)
-    ).eval()
-    with pytest.raises(UnsupportedModelError, match="encoder-decoder"):
-        model.generate(torch.tensor([[5, 6, 7]]), custom_generate=Lookahead(), max_new_tokens=3)
 
 
 def test_state_space_model_is_refused():

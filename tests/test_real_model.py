@@ -53,6 +53,27 @@ def test_real_model_matches_greedy(smollm2, text, chat):
         assert got.tolist() == expected.tolist(), f"{setting} diverged"
 
 
+@pytest.mark.parametrize("batch", [2, 3, 4, 8])
+def test_real_model_batch_matches_batched_greedy(smollm2, batch):
+    """Left-padded batches of code and chat prompts of mixed lengths; chat rows end at EOS and
+    are padded while the code rows go on."""
+    model, tokenizer = smollm2
+    texts = [encode(tokenizer, t, chat) for t, chat in [(t, False) for t in CODE] + [(t, True) for t in CHAT]]
+    rows = [texts[i % len(texts)]["input_ids"][0] for i in range(batch)]
+    rows = [row[: len(row) - (i // len(texts)) * 7] for i, row in enumerate(rows)]  # repeats are cut shorter
+    width = max(len(r) for r in rows)
+    ids = torch.full((batch, width), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row) :], mask[i, width - len(row) :] = row, 1
+    kwargs = dict(attention_mask=mask, max_new_tokens=48, do_sample=False)
+    expected = model.generate(ids, **kwargs)
+    lookahead = Lookahead(4, 4, 4)
+    got = model.generate(ids, custom_generate=lookahead, **kwargs)
+    assert got.tolist() == expected.tolist()
+    assert lookahead.last_stats.tokens_per_step > 1.0
+
+
 def test_code_prompt_compresses(smollm2):
     """On code, several tokens per forward pass: above 1.3 (HumanEval/3, whose completion the
     model writes by reusing the prompt's own code)."""

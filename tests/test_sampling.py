@@ -106,6 +106,30 @@ def test_sampling_keeps_the_distribution(mix):
     assert SAMPLES * NEW / steps > 1.05  # multi-token steps happened: acceptance was exercised
 
 
+def test_sampling_in_a_batch_keeps_each_rows_distribution():
+    """A batch mixing two prompts of different lengths (the shorter left-padded): each row's draws
+    match transformers' draws for its own prompt."""
+    model, short = sharp_model(), PROMPT[:, 10:]
+    ids = torch.cat([PROMPT, torch.cat([torch.zeros(1, 10, dtype=torch.long), short], dim=1)]).repeat(5, 1)
+    mask = (torch.arange(PROMPT.shape[1]) >= torch.tensor([0, 10]).repeat(5)[:, None]).long()  # [10, S]
+    kwargs = dict(do_sample=True, max_new_tokens=NEW, min_new_tokens=NEW, **MIXES["temperature+top_k"])
+    torch.manual_seed(11)
+    lookahead, draws, row_steps = Lookahead(3, 4, 4), [], 0
+    for _ in range(SAMPLES // 5):
+        draws.append(model.generate(ids, attention_mask=mask, custom_generate=lookahead, **kwargs)[:, -NEW:])
+        row_steps += lookahead.last_stats.row_steps
+    draws = torch.cat(draws)  # [SAMPLES * 2, NEW], rows alternate long / short prompt
+    torch.manual_seed(12)
+    theirs_short = model.generate(short.repeat(SAMPLES, 1), **kwargs)[:, -NEW:]
+    results = {
+        "long prompt": pvalues(draws[0::2], reference_draws(model, seed=13, **MIXES["temperature+top_k"])),
+        "short prompt": pvalues(draws[1::2], theirs_short),
+    }
+    print({k: {p: round(v, 4) for p, v in r.items()} for k, r in results.items()})
+    assert min(min(r.values()) for r in results.values()) > ALPHA, results
+    assert 2 * SAMPLES * NEW / row_steps > 1.05  # multi-token steps happened
+
+
 def test_power_check_rejects_a_small_change():
     """The same test tells temperature 0.9 from 1.2: it can fail."""
     model = sharp_model()

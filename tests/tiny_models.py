@@ -122,3 +122,56 @@ def char_tokenizer():
     tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
     tok.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+
+
+# encoder-decoder architectures: (config class name, model class name, overrides)
+SEQ2SEQ: dict[str, tuple[str, str, dict]] = {
+    "t5": ("T5Config", "T5ForConditionalGeneration", dict(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4)),
+    "bart": (
+        "BartConfig",
+        "BartForConditionalGeneration",
+        dict(
+            d_model=64,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=128,
+            decoder_ffn_dim=128,
+            max_position_embeddings=256,
+            forced_bos_token_id=None,
+        ),
+    ),  # fmt: skip
+    "marian": (
+        "MarianConfig",
+        "MarianMTModel",
+        dict(
+            d_model=64,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=128,
+            decoder_ffn_dim=128,
+            max_position_embeddings=256,
+        ),
+    ),  # fmt: skip
+}
+SEQ2SEQ_SCALE = {"t5": 6.0, "bart": 6.0, "marian": 1.0}  # the least degenerate outputs found
+
+
+@functools.cache
+def tiny_seq2seq(arch: str, seed: int = 0):
+    import transformers
+
+    config_cls, model_cls, overrides = SEQ2SEQ[arch]
+    torch.manual_seed(seed)
+    config = getattr(transformers, config_cls)(
+        **COMMON, decoder_start_token_id=0, forced_eos_token_id=None, **overrides
+    )
+    model = getattr(transformers, model_cls)(config).to(torch.float32)
+    with torch.no_grad():  # sharpened, as for the decoder-only models, so that outputs repeat
+        for param in model.parameters():
+            if param.dim() >= 2:
+                param.mul_(SEQ2SEQ_SCALE[arch])
+    return model.eval()

@@ -85,8 +85,10 @@ class Lookahead:
 
     def generate(self, model, inputs=None, **kwargs):
         """``model.generate(inputs, custom_generate=self, **kwargs)``, plus what transformers 5.x
-        does not hand on to a ``custom_generate`` callable: ``streamer``, and ``stop_strings``
-        with their ``tokenizer``. Use this method whenever you stream or stop on strings.
+        does not hand on to a ``custom_generate`` callable: ``streamer``, ``stop_strings`` with
+        their ``tokenizer``, and, for encoder-decoder models, the encoder's input ids (pooled as
+        candidates: summaries and translations copy from their source). Use this method whenever
+        you stream, stop on strings, or run an encoder-decoder model.
         """
         streamer = kwargs.get("streamer")  # left in kwargs: generate itself streams the prompt
         tokenizer = kwargs.pop("tokenizer", None)
@@ -102,7 +104,11 @@ class Lookahead:
             criteria = StoppingCriteriaList(kwargs.pop("stopping_criteria", None) or [])
             criteria.append(StopStringCriteria(tokenizer, stop_strings))
             kwargs["stopping_criteria"] = criteria
-        loop = functools.partial(self, streamer=streamer) if streamer is not None else self
+        extra = {"streamer": streamer} if streamer is not None else {}
+        source = inputs if inputs is not None else kwargs.get("input_ids")
+        if getattr(model.config, "is_encoder_decoder", False) and isinstance(source, torch.Tensor):
+            extra["source_ids"] = source  # the encoder's input: n-grams the output often copies
+        loop = functools.partial(self, **extra) if extra else self
         return model.generate(inputs, custom_generate=loop, **kwargs)
 
     @torch.no_grad()
@@ -132,6 +138,7 @@ class Lookahead:
             want_scores=want and generation_config.output_scores,
             want_logits=want and generation_config.output_logits,
             stop_ends_row=has_eos or batch == 1,
+            batch_size=batch,
         )
         prompts = prompt_rows(input_ids, model_kwargs.get("attention_mask"), spec)
         stats.prompt_tokens = sum(len(p) for p in prompts)
@@ -146,7 +153,7 @@ class Lookahead:
         stats.prefill_seconds = time.perf_counter() - start
         start = time.perf_counter()
         for b, row in enumerate(rows):
-            first = Scorer(logits[b : b + 1], None, logits_processor, row.ids, [])
+            first = Scorer(logits[b : b + 1], None, logits_processor, row.ids, [], (row.index, batch))
             emitter.emit(row, [first.sample(0) if sample else first.choice(0)], [0], first)
             _pool_output(row, cfg, 1)
         stats.steps, stats.row_steps, stats.accepted_hist[0] = 1, batch, batch
@@ -161,7 +168,10 @@ class Lookahead:
             logits = runner.step(layout, step_ids)  # [B, K, V]
 
             # 3. verify each row: greedy, or sampling that keeps the processed distribution exactly
-            scorers = [Scorer(logits[b], layout, logits_processor, r.ids, r.candidates) for b, r in enumerate(active)]
+            scorers = [
+                Scorer(logits[b], layout, logits_processor, r.ids, r.candidates, (r.index, batch))
+                for b, r in enumerate(active)
+            ]
             verdicts = [_verify(row, scorer, layout, sample) for row, scorer in zip(active, scorers, strict=True)]
             if runner.aligned:
                 verdicts = align(verdicts, active)

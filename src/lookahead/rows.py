@@ -94,8 +94,11 @@ def align(verdicts: Sequence[Verdict], rows: Sequence[Row]) -> list[Verdict]:
 class Emitter:
     """Appends tokens to rows as plain decoding would: stopping criteria, streamer, scores."""
 
-    def __init__(self, stopping_criteria, streamer, want_scores: bool, want_logits: bool, stop_ends_row: bool):
+    def __init__(
+        self, stopping_criteria, streamer, want_scores: bool, want_logits: bool, stop_ends_row: bool, batch_size: int
+    ):
         self.criteria = stopping_criteria
+        self.batch_size = batch_size
         self.streamer = streamer
         self.want_scores, self.want_logits = want_scores, want_logits
         # with an EOS criterion (or one row), a stopped row ends; without, transformers keeps
@@ -120,6 +123,14 @@ class Emitter:
                 if self.stop_ends_row:
                     return count
         return len(tokens)
+
+    def _stops(self, row: Row) -> bool:
+        """Whether the criteria stop this row; criteria built for a batch see it at its own index,
+        in a batch of copies of it (rows of a batch differ in length under lookahead)."""
+        scores = self.scores if self.want_scores else None
+        if self.batch_size == 1:
+            return bool(self.criteria(row.ids, scores).any())
+        return bool(self.criteria(row.ids.expand(self.batch_size, -1), scores)[row.index])
 
 
 def assemble(rows: Sequence[Row], prompt_len: int, stop_ends_row: bool, pad_token_id) -> torch.Tensor:

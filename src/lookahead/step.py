@@ -79,11 +79,22 @@ class Scorer:
     plain decoding would have shown them.
     """
 
-    def __init__(self, logits, layout: StepLayout | None, processors, input_ids, candidates: Sequence[Sequence[int]]):
+    def __init__(
+        self,
+        logits,
+        layout: StepLayout | None,
+        processors,
+        input_ids,
+        candidates: Sequence[Sequence[int]],
+        batch: tuple[int, int] = (0, 1),
+    ):
         self.logits = logits  # [K, V]
         self.layout = layout
         self.processors = processors if processors is not None and len(processors) > 0 else None
         self.input_ids = input_ids  # [1, S]
+        # (row, batch size): processors built for a batch (e.g. repetition_penalty's per-row prompt
+        # length) see this row at its own index, in a batch of copies of it
+        self.batch = batch
         self.candidates = candidates
         self._argmax = logits.argmax(dim=-1).tolist()
         self._processed: dict[int, torch.Tensor] = {}
@@ -111,7 +122,9 @@ class Scorer:
                 k, j = where
                 extra = self.input_ids.new_tensor([self.candidates[k][: j + 1]])
                 prefix = torch.cat([prefix, extra], dim=-1)
-            self._processed[row] = self.processors(prefix, self.raw(row)[None].clone())[0]
+            index, size = self.batch
+            scores = self.raw(row)[None].expand(size, -1).clone()
+            self._processed[row] = self.processors(prefix.expand(size, -1), scores)[index]
         return self._processed[row]
 
     def choice(self, row: int) -> int:

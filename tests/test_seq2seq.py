@@ -1,0 +1,111 @@
+"""Encoder-decoder models: lookahead in the decoder, token-identical to model.generate.
+
+T5 (relative position bias), BART and Marian (learned / sinusoidal absolute positions), batch 1
+and batch 3 with right-padded sources of mixed lengths, multi-token steps asserted.
+"""
+
+import logging
+
+import pytest
+import torch
+from tiny_models import SEQ2SEQ, repetitive_prompt, tiny_seq2seq
+
+from lookahead import Lookahead
+
+SOURCE_LENGTHS = (12, 20, 9)
+
+
+def sources(lengths, seed=0):
+    """Right-padded encoder inputs (as seq2seq tokenizers pad): (input_ids, attention_mask)."""
+    rows = [repetitive_prompt(n, seed + i)[0] for i, n in enumerate(lengths)]
+    ids = torch.zeros(len(rows), max(lengths), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = row
+        mask[i, : len(row)] = 1
+    return ids, mask
+
+
+def decoder_prompts(batch, length=12):
+    """Decoder prompts (start token, then a varied motif per row): random seq2seq models left to
+    themselves soon repeat one token; a prompt gives the decoder something to continue."""
+    motifs = [repetitive_prompt(length, 10 + b)[:, 1:] for b in range(batch)]
+    return torch.cat([torch.zeros(batch, 1, dtype=torch.long), torch.cat(motifs)], dim=1)
+
+
+@pytest.mark.parametrize("arch", list(SEQ2SEQ))
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("prompted", [False, True], ids=["start-token", "decoder-prompt"])
+def test_seq2seq_matches_greedy(arch, batch, prompted):
+    model = tiny_seq2seq(arch)
+    ids, mask = sources(SOURCE_LENGTHS[:batch], seed=batch)
+    kwargs = dict(attention_mask=mask, max_new_tokens=30, do_sample=False)
+    if prompted:
+        kwargs["decoder_input_ids"] = decoder_prompts(batch)
+    expected = model.generate(ids, **kwargs)
+    lookahead = Lookahead(0, 4, 1)
+    got = lookahead.generate(model, ids, **kwargs)
+    assert got.tolist() == expected.tolist(), f"{arch} batch {batch}"
+    stats = lookahead.last_stats
+    assert stats.row_steps < stats.new_tokens and sum(stats.accepted_hist[1:]) > 0, "no multi-token step"
+
+
+@pytest.mark.parametrize("arch", list(SEQ2SEQ))
+def test_seq2seq_plain_generate_call_and_auto_settings(arch):
+    """model.generate(custom_generate=Lookahead()) works too (without the source pooled)."""
+    model = tiny_seq2seq(arch)
+    ids, mask = sources(SOURCE_LENGTHS, seed=4)
+    expected = model.generate(ids, attention_mask=mask, max_new_tokens=25, do_sample=False)
+    lookahead = Lookahead()
+    got = model.generate(ids, attention_mask=mask, max_new_tokens=25, do_sample=False, custom_generate=lookahead)
+    assert got.tolist() == expected.tolist()
+    assert lookahead.last_stats.config.window_size == 0 and lookahead.last_stats.config.max_candidates == 1
+
+
+def test_wider_settings_are_narrowed_with_a_warning(caplog):
+    model = tiny_seq2seq("bart")
+    ids, mask = sources(SOURCE_LENGTHS[:2])
+    expected = model.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False)
+    lookahead = Lookahead(4, 4, 4)
+    with caplog.at_level(logging.WARNING, logger="lookahead"):
+        got = lookahead.generate(model, ids, attention_mask=mask, max_new_tokens=20, do_sample=False)
+    assert got.tolist() == expected.tolist()
+    assert "W=0 and G<=1" in caplog.text
+    assert (lookahead.last_stats.config.window_size, lookahead.last_stats.config.max_candidates) == (0, 1)
+
+
+def test_seq2seq_rows_stopping_early_are_padded():
+    model = tiny_seq2seq("bart")
+    ids, mask = sources(SOURCE_LENGTHS, seed=6)
+    prompts = decoder_prompts(3)
+    kwargs = dict(attention_mask=mask, decoder_input_ids=prompts, max_new_tokens=30, do_sample=False)
+    plain = model.generate(ids, **kwargs)[:, prompts.shape[1] :]
+    eos = int(plain[0, 0])  # row 0 stops at once; the others later or never
+    expected = model.generate(ids, eos_token_id=eos, pad_token_id=1, **kwargs)
+    got = Lookahead(0, 4, 1).generate(model, ids, eos_token_id=eos, pad_token_id=1, **kwargs)
+    new = expected[:, prompts.shape[1] :]
+    assert (new[0, 1:] == 1).all() and new.shape[1] > 2  # row 0 padded while the others went on
+    assert got.tolist() == expected.tolist()
+
+
+def test_returned_cache_holds_exactly_the_committed_tokens():
+    model = tiny_seq2seq("t5")
+    ids, mask = sources(SOURCE_LENGTHS[:1])
+    out = Lookahead(0, 4, 1).generate(
+        model, ids, attention_mask=mask, max_new_tokens=30, do_sample=False, return_dict_in_generate=True
+    )
+    assert out.cache.self_attention_cache.get_seq_length() == out.sequences.shape[1] - 1
+    assert out.cache.cross_attention_cache.get_seq_length() == ids.shape[1]
+
+
+def test_cli_takes_a_seq2seq_checkpoint(tmp_path, capsys):
+    from tiny_models import char_tokenizer
+
+    from lookahead.cli import main
+
+    tiny_seq2seq("bart").save_pretrained(tmp_path)
+    char_tokenizer().save_pretrained(tmp_path)
+    code = main(["generate", "abcabcabcabc", "--model", str(tmp_path), "--max-new-tokens", "12", "--compare"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "outputs identical" in out and "[lookahead W=0 N=4 G=1]" in out
