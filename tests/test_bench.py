@@ -55,3 +55,22 @@ def test_bench_writes_json_markdown_and_plot(tmp_path, capsys):
 def test_bench_rejects_unknown_dataset(capsys):
     assert main(["bench", "nope", "--model", "smollm2"]) == 1
     assert "unknown dataset 'nope'" in capsys.readouterr().err
+
+
+def test_bench_by_batch_size(tmp_path, capsys):
+    checkpoint = tmp_path / "tiny"
+    tiny_model("gpt2").save_pretrained(checkpoint)
+    char_tokenizer().save_pretrained(checkpoint)
+    prompts = tmp_path / "mine.jsonl"
+    prompts.write_text("".join(f'{{"prompt": "{"abcd"[i:] * (3 + i)}"}}\n' for i in range(4)))
+    out = tmp_path / "results"
+    args = ["bench", str(prompts), "--model", str(checkpoint), "--max-new-tokens", "10", "--dtype", "float32"]
+    assert main([*args, "--batch-size", "1", "2", "--out", str(out), "--no-progress"]) == 0
+    one = json.loads((out / "mine-batch1.json").read_text())
+    two = json.loads((out / "mine-batch2.json").read_text())
+    assert [r["method"] for r in one["summary"]] == ["greedy", "prompt_lookup(3)", "lookahead(auto)"]
+    assert [r["method"] for r in two["summary"]] == ["greedy", "lookahead(auto)"]  # prompt lookup cannot batch
+    assert len(two["runs"]) == 4 and all(r["identical"] for r in two["runs"])
+    assert two["meta"]["batch_size"] == 2
+    table = (out / "mine-batches.md").read_text()
+    assert "| 2 | lookahead(auto) |" in table and "| 1 | prompt_lookup(3) |" in table

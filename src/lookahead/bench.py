@@ -27,6 +27,7 @@ class Method:
     name: str
     kwargs: Callable[[], dict]  # fresh generate kwargs for one call
     lookahead: Lookahead | None = None
+    batches: bool = True  # runs on a batch of several prompts (transformers' prompt lookup does not)
 
 
 @dataclass
@@ -39,6 +40,7 @@ class Run:
     peak_mb: float
     tokens_per_step: float | None = None
     accepted_hist: list[int] = field(default_factory=list)
+    wide_share: float | None = None  # share of lookahead steps that were wide (the rest: plain)
 
     @property
     def tokens_per_second(self) -> float:
@@ -49,7 +51,11 @@ def methods_for(window_size=None, ngram_size=None, max_candidates=None, prompt_l
     auto = Lookahead()
     chosen = [
         Method("greedy", dict),
-        Method(f"prompt_lookup({prompt_lookup_tokens})", lambda: {"prompt_lookup_num_tokens": prompt_lookup_tokens}),
+        Method(
+            f"prompt_lookup({prompt_lookup_tokens})",
+            lambda: {"prompt_lookup_num_tokens": prompt_lookup_tokens},
+            batches=False,
+        ),
         Method("lookahead(auto)", lambda: {"custom_generate": auto}, auto),
     ]
     if any(v is not None for v in (window_size, ngram_size, max_candidates)):
@@ -96,19 +102,39 @@ class PeakMemory:
             self.peak = (self._high - self._base) / 2**20
 
 
+def generated_tokens(out: torch.Tensor, prompt_len: int, eos_ids: set[int]) -> int:
+    """New tokens of all rows, each up to and including its first EOS (not the padding after)."""
+    total = 0
+    for row in out[:, prompt_len:].tolist():
+        ends = [i for i, token in enumerate(row) if token in eos_ids]
+        total += ends[0] + 1 if ends else len(row)
+    return total
+
+
 def run_bench(
-    model, tokenizer, prompts: list[datasets.Prompt], methods: list[Method], max_new_tokens: int, progress: bool = True
+    model,
+    tokenizer,
+    prompts: list[datasets.Prompt],
+    methods: list[Method],
+    max_new_tokens: int,
+    progress: bool = True,
+    batch_size: int = 1,
 ) -> list[Run]:
-    """Every method on every prompt, alternating; returns one Run per (prompt, method)."""
+    """Every method on every batch of ``batch_size`` prompts, alternating; one Run per (batch,
+    method). Methods that cannot batch are left out when ``batch_size > 1``."""
     from tqdm.auto import tqdm
 
+    methods = [m for m in methods if batch_size == 1 or m.batches]
+    eos = model.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    groups = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
     runs: list[Run] = []
-    warmup = datasets.encode(tokenizer, prompts[0]).to(model.device)
+    warmup = datasets.encode_batch(tokenizer, groups[0])
     for method in methods:  # first calls pay one-time costs (allocations, the model probe)
-        model.generate(**warmup, max_new_tokens=4, do_sample=False, **method.kwargs())
-    bar = tqdm(total=len(prompts) * len(methods), disable=not progress, unit="run", desc="bench")
-    for prompt in prompts:
-        inputs = datasets.encode(tokenizer, prompt).to(model.device)
+        model.generate(**{k: v.to(model.device) for k, v in warmup.items()}, max_new_tokens=4, **method.kwargs())
+    bar = tqdm(total=len(groups) * len(methods), disable=not progress, unit="run", desc=f"bench (batch {batch_size})")
+    for group in groups:
+        inputs = {k: v.to(model.device) for k, v in datasets.encode_batch(tokenizer, group).items()}
         start_len = inputs["input_ids"].shape[1]
         reference = None
         for method in methods:
@@ -125,13 +151,14 @@ def run_bench(
             runs.append(
                 Run(
                     method=method.name,
-                    prompt=prompt.id,
-                    new_tokens=out.shape[1] - start_len,
+                    prompt="+".join(p.id for p in group),
+                    new_tokens=generated_tokens(out, start_len, eos_ids),
                     seconds=seconds,
                     identical=out.shape == reference.shape and bool((out == reference).all()),
                     peak_mb=memory.peak,
                     tokens_per_step=stats.tokens_per_step if stats else None,
                     accepted_hist=list(stats.accepted_hist) if stats else [],
+                    wide_share=stats.wide_steps / max(1, stats.steps - 1) if stats else None,
                 )
             )
             bar.update()
@@ -162,6 +189,8 @@ def summarize(runs: list[Run]) -> list[dict]:
                 "accepted_hist": hist,
                 "identical": sum(r.identical for r in mine) / len(mine),
                 "peak_mb": max(r.peak_mb for r in mine),
+                "throughput": sum(r.new_tokens for r in mine) / sum(r.seconds for r in mine),
+                "wide_share": statistics.mean(r.wide_share for r in mine) if mine[0].wide_share is not None else None,
             }
         )
     return rows
@@ -182,6 +211,27 @@ def markdown(rows: list[dict], title: str) -> str:
             f"| {r['method']} | {r['tokens_per_second']:.1f} | {r['speedup']:.2f}x | {per_step} | {hist} "
             f"| {r['identical']:.0%} | {r['peak_mb']:.0f} |"
         )
+    return "\n".join(lines) + "\n"
+
+
+def batch_markdown(by_batch: dict[int, list[dict]], title: str) -> str:
+    """Throughput by batch size: total new tokens / total seconds per method, and the median
+    per-batch speedup over batched greedy."""
+    lines = [
+        f"### {title}",
+        "",
+        "| batch | method | tokens/s (all rows) | speedup vs batched greedy (median) | tokens/step per row "
+        "| wide steps | identical |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for batch, rows in by_batch.items():
+        for r in rows:
+            per_step = "-" if r["tokens_per_step"] is None else f"{r['tokens_per_step']:.2f}"
+            wide = "-" if r["wide_share"] is None else f"{r['wide_share']:.0%}"
+            lines.append(
+                f"| {batch} | {r['method']} | {r['throughput']:.1f} | {r['speedup']:.2f}x | {per_step} | {wide} "
+                f"| {r['identical']:.0%} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -224,8 +274,10 @@ def write_report(runs: list[Run], out_dir: Path, name: str, meta: dict) -> tuple
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = summarize(runs)
     meta = {**meta, "load_average": os.getloadavg()[0], "torch_threads": torch.get_num_threads()}
+    batch = f", batch {meta['batch_size']}" if meta.get("batch_size", 1) > 1 else ""
     table = markdown(
-        rows, f"{name} ({meta['model']}, {meta['dtype']}, {meta['n']} prompts, {meta['max_new_tokens']} new tokens)"
+        rows,
+        f"{name} ({meta['model']}, {meta['dtype']}, {meta['n']} prompts, {meta['max_new_tokens']} new tokens{batch})",
     )
     (out_dir / f"{name}.json").write_text(
         json.dumps({"meta": meta, "summary": rows, "runs": [r.__dict__ for r in runs]}, indent=1)

@@ -53,6 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--out", default="results/bench", help="folder for JSON, Markdown and PNG (default: %(default)s)"
     )
+    bench.add_argument(
+        "--batch-size",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="prompts per generate call; several values give a throughput table by batch size (default: 1)",
+    )
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
@@ -130,20 +137,37 @@ def _bench(args) -> int:
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    if args.n < 1 or args.max_new_tokens < 1:
-        raise ValueError("--n and --max-new-tokens must be at least 1")
+    if args.n < 1 or args.max_new_tokens < 1 or min(args.batch_size) < 1:
+        raise ValueError("--n, --max-new-tokens and --batch-size must be at least 1")
     methods = bench.methods_for(args.window_size, args.ngram_size, args.max_candidates)
     suites = {name: datasets.load(name, args.n) for name in args.datasets}  # fail early on a bad name
     model, tokenizer = models.load(args.model, dtype=args.dtype)
+    out = Path(args.out)
     for name, prompts in suites.items():
-        runs = bench.run_bench(model, tokenizer, prompts, methods, args.max_new_tokens, not args.no_progress)
         label = Path(name).stem
-        meta = dict(
-            dataset=name, model=args.model, dtype=args.dtype, n=len(prompts), max_new_tokens=args.max_new_tokens
-        )
-        table, _ = bench.write_report(runs, Path(args.out), label, meta)
-        print(table)
-        print(f"written: {args.out}/{label}.json, .md, .png\n")
+        by_batch = {}
+        for batch in args.batch_size:
+            runs = bench.run_bench(
+                model, tokenizer, prompts, methods, args.max_new_tokens, not args.no_progress, batch_size=batch
+            )
+            report = label if args.batch_size == [1] else f"{label}-batch{batch}"
+            meta = dict(
+                dataset=name,
+                model=args.model,
+                dtype=args.dtype,
+                n=len(prompts),
+                max_new_tokens=args.max_new_tokens,
+                batch_size=batch,
+            )
+            table, by_batch[batch] = bench.write_report(runs, out, report, meta)
+            print(table)
+            print(f"written: {out}/{report}.json, .md, .png\n")
+        if len(by_batch) > 1:
+            table = bench.batch_markdown(
+                by_batch, f"{label} by batch size ({args.model}, {args.dtype}, {len(prompts)} prompts)"
+            )
+            (out / f"{label}-batches.md").write_text(table)
+            print(table)
     return 0
 
 

@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 
 @dataclass(frozen=True)
 class Prompt:
@@ -52,6 +54,19 @@ def encode(tokenizer, prompt: Prompt):
             [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
         )
     return tokenizer(text, return_tensors="pt", add_special_tokens=not prompt.chat)
+
+
+def encode_batch(tokenizer, prompts: list[Prompt]) -> dict:
+    """Several prompts as one left-padded batch (decoder-only models need left padding)."""
+    rows = [encode(tokenizer, p)["input_ids"][0] for p in prompts]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), int(pad), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row) :] = row
+        mask[i, width - len(row) :] = 1
+    return {"input_ids": ids, "attention_mask": mask}
 
 
 def from_jsonl(path: str | Path, n: int | None = None) -> list[Prompt]:
