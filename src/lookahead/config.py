@@ -28,8 +28,11 @@ class LookaheadConfig:
       the pool; 0 turns the verification branch off.
     * ``seed_pool_from_prompt``: also pool the prompt's own n-grams (helps code, RAG, summaries).
     * ``pool_from_output``: also pool the n-grams of the text generated so far.
-    * ``adaptive``: measure wide steps against one-token steps during the call and run
-      whichever gives more tokens per second (see ``lookahead.gate``); output is unchanged.
+    * ``context_lookup``: propose first what followed earlier occurrences of the context's
+      longest suffix (see ``lookahead.lookup``).
+    * ``adaptive``: choose, step by step, how many candidates of how many tokens to verify (or a
+      plain one-token step) from the model's measured cost curve and the acceptance seen so far
+      (see ``lookahead.tuning``); W, N and G are then upper bounds. Output is unchanged.
     """
 
     window_size: int
@@ -37,6 +40,7 @@ class LookaheadConfig:
     max_candidates: int
     seed_pool_from_prompt: bool = True
     pool_from_output: bool = True
+    context_lookup: bool = True
     adaptive: bool = False
 
     def __post_init__(self) -> None:
@@ -78,6 +82,7 @@ class LookaheadStats:
     accepted_hist: list[int] = field(default_factory=list)
     truncated_tokens: int = 0  # verified tokens dropped because a stop came before them
     wide_steps: int = 0  # steps that carried the window or candidates (the rest: t alone)
+    settings: dict = field(default_factory=dict)  # steps per chosen setting, e.g. {"G=1,N=3": 40, "plain": 9}
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
 
@@ -115,6 +120,7 @@ class LookaheadStats:
             "accepted_hist": list(self.accepted_hist),
             "truncated_tokens": self.truncated_tokens,
             "wide_steps": self.wide_steps,
+            "settings": dict(self.settings),
             "adaptive": self.config.adaptive,
             "prefill_seconds": self.prefill_seconds,
             "decode_seconds": self.decode_seconds,

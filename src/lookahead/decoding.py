@@ -29,13 +29,14 @@ from transformers import StoppingCriteriaList, StopStringCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerateEncoderDecoderOutput
 
 from .config import LookaheadConfig, LookaheadStats
-from .gate import StepGate
-from .layout import StepLayout
+from .layout import StepLayout, build_layout
+from .lookup import ContextIndex
 from .pool import NGramPool
 from .rows import Emitter, Row, align, assemble, plan_step
 from .runner import DecoderRunner, Seq2SeqRunner
 from .step import Scorer, prompt_rows, validate_call
 from .support import MaskSpec, check_model
+from .tuning import WidthChooser, cost_curve, match_lengths
 from .verify import Verdict, verify_greedy, verify_sampling
 from .window import JacobiWindow
 
@@ -61,6 +62,7 @@ class Lookahead:
         *,
         seed_pool_from_prompt: bool = True,
         pool_from_output: bool = True,
+        context_lookup: bool = True,
         adaptive: bool | None = None,
     ) -> None:
         self._overrides = {
@@ -69,6 +71,7 @@ class Lookahead:
             "max_candidates": max_candidates,
             "seed_pool_from_prompt": seed_pool_from_prompt,
             "pool_from_output": pool_from_output,
+            "context_lookup": context_lookup,
             # auto settings adapt; explicit W/N/G run exactly as asked unless adaptive=True
             "adaptive": adaptive if adaptive is not None else (window_size, ngram_size, max_candidates) == (None,) * 3,
         }
@@ -144,7 +147,14 @@ class Lookahead:
         stats.prompt_tokens = sum(len(p) for p in prompts)
         rows = [self._row(b, input_ids, prompt, cfg, source_ids) for b, prompt in enumerate(prompts)]
         runner = Seq2SeqRunner(model, model_kwargs) if spec.encoder_decoder else DecoderRunner(model, spec)
-        gate = StepGate(enabled=cfg.adaptive)
+        chooser = WidthChooser(
+            curve=cost_curve(model, lambda: _calibration_step(model, spec)) if cfg.adaptive else None,
+            max_candidates=cfg.max_candidates,
+            ngram_size=cfg.ngram_size,
+            window_size=cfg.window_size,
+            batch=batch,
+            enabled=cfg.adaptive,
+        )
         sample = generation_config.do_sample
 
         # 1. prefill every prompt; its last position gives the row's first token, as in plain decoding
@@ -160,11 +170,11 @@ class Lookahead:
         active = _drop_finished(rows, rows, runner, emitter.stop_ends_row, max_length)
 
         while active:
-            # 2. plan and run one step for every active row (t alone while wide steps do not pay)
-            wide = gate.wide()
-            step_start = time.perf_counter()
+            # 2. plan and run one step for every active row, as wide as pays (lookahead.tuning)
+            chooser.batch = len(active)
+            choice = chooser.choose()
             limits = [_limit(row, rows, emitter.stop_ends_row, max_length) for row in active]
-            layout, step_ids = plan_step(active, cfg, wide, spec, limits)
+            layout, step_ids = plan_step(active, cfg, choice, spec, limits)
             logits = runner.step(layout, step_ids)  # [B, K, V]
 
             # 3. verify each row: greedy, or sampling that keeps the processed distribution exactly
@@ -173,6 +183,9 @@ class Lookahead:
                 for b, r in enumerate(active)
             ]
             verdicts = [_verify(row, scorer, layout, sample) for row, scorer in zip(active, scorers, strict=True)]
+            for row, scorer in zip(active, scorers, strict=True) if chooser.enabled else ():
+                lengths = match_lengths(row.candidates, scorer.raw_choice(layout.t_row), scorer.raw_candidate_choice)
+                chooser.record(choice, max((len(c) for c in row.candidates), default=0), lengths)
             if runner.aligned:
                 verdicts = align(verdicts, active)
 
@@ -181,7 +194,7 @@ class Lookahead:
             for row, verdict, scorer in zip(active, verdicts, scorers, strict=True):
                 emitted_rows = [layout.t_row, *(layout.candidate_rows[k][j] for k, j in verdict.path)]
                 kept.append(emitter.emit(row, verdict.emitted, emitted_rows, scorer))
-            gate.record(layout.length > 1, time.perf_counter() - step_start, sum(kept) / len(kept))
+            chooser.after_step(choice)
 
             # 5. commit: cache, windows, pools, statistics; drop the rows that have finished
             runner.commit(layout, [(v.candidate, k) for v, k in zip(verdicts, kept, strict=True)])
@@ -200,7 +213,8 @@ class Lookahead:
         stats.new_tokens = int((sequences.shape[1] - input_ids.shape[1]) * batch)
         if emitter.stop_ends_row:  # rows padded after their stop did not generate the padding
             stats.new_tokens = sum(row.ids.shape[1] - input_ids.shape[1] for row in rows)
-        stats.wide_steps = gate.wide_steps
+        stats.wide_steps = chooser.wide_steps
+        stats.settings = chooser.summary()
         stats.decode_seconds = time.perf_counter() - start
         if streamer is not None:
             streamer.end()
@@ -238,7 +252,13 @@ class Lookahead:
             if source_ids is not None:
                 pool.add_sequence(source_ids[index].tolist())
         window = JacobiWindow(cfg.window_size, cfg.ngram_size, prompt)
-        return Row(index=index, ids=input_ids[index : index + 1], committed=list(prompt), pool=pool, window=window)
+        context = None
+        if cfg.context_lookup:
+            context = ContextIndex()
+            context.extend(prompt)
+        row = Row(index=index, ids=input_ids[index : index + 1], committed=list(prompt), pool=pool, window=window)
+        row.context = context
+        return row
 
 
 def _verify(row: Row, scorer: Scorer, layout: StepLayout, sample: bool) -> Verdict:
@@ -248,9 +268,32 @@ def _verify(row: Row, scorer: Scorer, layout: StepLayout, sample: bool) -> Verdi
 
 
 def _pool_output(row: Row, cfg: LookaheadConfig, emitted: int) -> None:
-    """Pool the n-grams that end in the tokens just emitted."""
+    """Pool (and index) the n-grams that end in the tokens just emitted."""
+    if row.context is not None:
+        row.context.extend(row.committed)
     if cfg.pool_from_output:
         row.pool.add_sequence(row.committed, start=len(row.committed) - emitted - cfg.ngram_size + 1)
+
+
+def _calibration_step(model, spec: MaskSpec):
+    """A forward pass over k new tokens after a 64-token context, the cache restored after: what
+    :func:`lookahead.tuning.measure` times."""
+    device = model.device
+    if spec.encoder_decoder:
+        encoder = model.get_encoder()(input_ids=torch.ones(1, 32, dtype=torch.long, device=device))
+        runner = Seq2SeqRunner(model, {"encoder_outputs": encoder})
+    else:
+        runner = DecoderRunner(model, spec)
+    context = 64 if spec.max_positions is None else min(64, spec.max_positions // 4)
+    runner.prefill([[1] * context])
+
+    def step(k: int) -> None:
+        if spec.max_positions is not None and context + k >= spec.max_positions:
+            k = spec.max_positions - context - 1  # the position table's end: time what fits
+        runner.step(build_layout(1, 0, 0, 1 if k > 1 else 0, k - 1), [[1] * k])
+        runner.cache.crop(-k)
+
+    return step
 
 
 def _limit(row: Row, rows: list[Row], stop_ends_row: bool, max_length: int) -> int:

@@ -16,6 +16,7 @@ import torch
 
 from .config import LookaheadConfig
 from .layout import StepLayout, build_layout
+from .lookup import ContextIndex
 from .pool import NGramPool
 from .step import Scorer
 from .support import MaskSpec
@@ -32,6 +33,7 @@ class Row:
     committed: list[int]  # the prompt without padding, then every emitted token
     pool: NGramPool
     window: JacobiWindow
+    context: ContextIndex | None = None  # longest-suffix lookup over the committed text
     carry: tuple[int, ...] = ()  # verified tokens after t that could not be committed yet
     candidates: list[tuple[int, ...]] = field(default_factory=list)  # this step's
     stopped_at: int | None = None  # len(ids) when a stopping criterion first fired
@@ -42,26 +44,33 @@ class Row:
 
 
 def plan_step(
-    rows: Sequence[Row], cfg: LookaheadConfig, wide: bool, spec: MaskSpec, limits: Sequence[int]
+    rows: Sequence[Row], cfg: LookaheadConfig, choice: tuple[int, int], spec: MaskSpec, limits: Sequence[int]
 ) -> tuple[StepLayout, list[list[int]]]:
     """Pick every row's candidates (``row.candidates``) and lay out one step for the batch.
 
-    ``limits[b]`` is the length row b may reach (so it emits at most ``limits[b] - len(ids)``
-    tokens). Returns the layout and each row's input ids [B][L].
+    ``choice`` = (g, n): at most g candidates of n - 1 tokens; (0, 1) is a plain one-token step
+    (no window either). ``limits[b]`` is the length row b may reach (so it emits at most
+    ``limits[b] - len(ids)`` tokens). Candidates come from the verified tokens a row could not
+    commit yet, the longest-suffix lookup over its text, then its pool (window n-grams first in
+    recency). Returns the layout and each row's input ids [B][L].
     """
+    g, n = choice
+    wide = n > 1
     for row, limit in zip(rows, limits, strict=True):
-        cand_len = min(cfg.ngram_size - 1, limit - row.ids.shape[1] - 1)
+        cand_len = min(n - 1, limit - row.ids.shape[1] - 1)
         if spec.max_positions is not None:
             cand_len = min(cand_len, spec.max_positions - len(row.committed))
         found: list[tuple[int, ...]] = []
-        if wide and cand_len > 0 and cfg.max_candidates > 0:
+        if wide and cand_len > 0 and g > 0:
             pooled = [row.carry] if row.carry else []
-            pooled += row.pool.candidates(row.t, cfg.max_candidates)
+            if row.context is not None:
+                pooled += row.context.candidates(row.committed, cand_len, g)
+            pooled += row.pool.candidates(row.t, g)
             for candidate in pooled:
                 candidate = tuple(candidate[:cand_len])
                 if candidate and candidate not in found:
                     found.append(candidate)
-        row.candidates = found[: cfg.max_candidates]
+        row.candidates = found[:g]
     n_candidates = max(len(row.candidates) for row in rows)
     cand_len = max((len(c) for row in rows for c in row.candidates), default=0)
     n_levels = rows[0].window.n_levels if wide else 0

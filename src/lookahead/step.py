@@ -132,6 +132,9 @@ class Scorer:
             return self.raw_choice(row)
         return int(self.processed(row).argmax())
 
+    def raw_candidate_choice(self, k: int, j: int) -> int:
+        return self.raw_choice(self.layout.candidate_rows[k][j])
+
     def candidate_choice(self, k: int, j: int) -> int:
         return self.choice(self.layout.candidate_rows[k][j])
 

@@ -1,0 +1,51 @@
+"""Candidates from the text itself, looked up by the longest suffix of the context.
+
+Small models repeat their prompt and themselves. For the context ``... a b c`` the index finds the
+most recent earlier places where ``a b c`` occurred, then ``b c``, then ``c``, and proposes what
+followed each, longest match first (more context matched, likelier continuation). Positions are
+indexed as tokens are committed, so a lookup costs a few dictionary reads.
+
+    >>> index = ContextIndex(max_suffix=2)
+    >>> text = [5, 6, 7, 9, 6, 7, 8, 1, 6, 7]
+    >>> index.extend(text)
+    >>> index.candidates(text, length=2, limit=3)   # "6 7" occurred twice before: newest first
+    [(8, 1), (9, 6)]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class ContextIndex:
+    def __init__(self, max_suffix: int = 3, per_key: int = 4) -> None:
+        self.max_suffix = max_suffix
+        self.per_key = per_key  # most recent occurrences kept per suffix
+        self._ends: dict[tuple[int, ...], list[int]] = {}
+        self._indexed = 0  # tokens[:_indexed] are indexed
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Index every suffix ending at the tokens appended since the last call."""
+        for end in range(self._indexed, len(tokens)):
+            for m in range(1, min(self.max_suffix, end + 1) + 1):
+                ends = self._ends.setdefault(tuple(tokens[end - m + 1 : end + 1]), [])
+                ends.append(end)
+                if len(ends) > self.per_key:
+                    del ends[0]
+        self._indexed = len(tokens)
+
+    def candidates(self, tokens: Sequence[int], length: int, limit: int) -> list[tuple[int, ...]]:
+        """Up to ``limit`` distinct continuations of ``length`` tokens (or fewer, at the end of
+        the text) after earlier occurrences of the context's suffix, longest suffix first."""
+        found: list[tuple[int, ...]] = []
+        last = len(tokens) - 1
+        for m in range(min(self.max_suffix, len(tokens)), 0, -1):
+            for end in reversed(self._ends.get(tuple(tokens[len(tokens) - m :]), ())):
+                if end >= last:
+                    continue  # the suffix itself
+                continuation = tuple(tokens[end + 1 : end + 1 + length])
+                if continuation and continuation not in found:
+                    found.append(continuation)
+                    if len(found) >= limit:
+                        return found
+        return found

@@ -1,0 +1,235 @@
+"""Auto-tuning: how wide each step should be, from the model's cost curve and the acceptance seen.
+
+**The model of the choice.** A step whose rows carry k input tokens each costs T(B*k) seconds
+for a batch of B rows (the forward pass is dominated by the B*k token rows), against T(B) for a
+plain one-token step. Verifying g candidates of n-1 tokens (plus, when W > 0, the window's rows)
+makes k = ``build_layout(...).length`` rows, and a row then emits 1 + a tokens, where a is the
+longest prefix of the first g candidates that the model agrees with, capped at n-1. So the
+expected speed of the setting (g, n), relative to plain decoding, is
+
+    rate(g, n) = E[1 + min(n - 1, max_{i <= g} a_i)] * T(B) / T(B * k(g, n))
+
+and plain decoding has rate 1. T comes from :func:`cost_curve`, measured once per model, device,
+dtype and thread count (a few forward passes over 1 to 128 tokens, kept for the process and, for
+checkpoints loaded from disk, in ``$LOOKAHEAD_CACHE/cost-curves.json``). The expectation is taken
+over the last ``memory`` observations: after every wide step, each row reports the matched prefix
+a_i of every candidate it verified (read off the step's logits, accepted or not), so one wide step
+informs every narrower setting. The chooser runs the setting with the highest rate, including
+plain steps; every ``probe_every`` steps it runs the widest setting to keep the observations of
+wide settings fresh, and while probes keep losing to plain decoding the interval doubles (up to
+``max_interval``). The output never depends on the choice: only the speed does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .layout import build_layout
+
+logger = logging.getLogger(__name__)
+
+GRID = (1, 2, 4, 8, 16, 32, 64, 128)  # token counts at which T is measured
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """Seconds per forward pass over ``tokens`` new tokens: linear between measured points,
+    extrapolated from the last two beyond them."""
+
+    points: tuple[tuple[int, float], ...]  # (tokens, seconds), increasing tokens
+
+    def __call__(self, tokens: int) -> float:
+        pts = self.points
+        if tokens <= pts[0][0]:
+            return pts[0][1]
+        for (x0, y0), (x1, y1) in zip(pts, pts[1:], strict=False):
+            if tokens <= x1:
+                return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
+        (x0, y0), (x1, y1) = pts[-2], pts[-1]
+        return y1 + (y1 - y0) * (tokens - x1) / (x1 - x0)
+
+    def ratio(self, k: int, batch: int = 1) -> float:
+        """T(batch * k) / T(batch): the cost of a k-token step relative to a plain one."""
+        return self(batch * k) / self(batch)
+
+
+def measure(step: Callable[[int], None], counts: Sequence[int] = GRID, repeats: int = 3) -> CostCurve:
+    """Time ``step(k)`` (one forward pass over k new tokens, state restored after) for each k;
+    the fastest of ``repeats`` runs, after one warm-up, and never decreasing in k."""
+    step(1)
+    points, floor = [], 0.0
+    for k in counts:
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            step(k)
+            best = min(best, time.perf_counter() - start)
+        floor = max(floor, best)
+        points.append((k, floor))
+    return CostCurve(tuple(points))
+
+
+_curves: dict[tuple, CostCurve] = {}
+
+
+def _disk_path() -> Path:
+    from .models import cache_dir
+
+    return cache_dir() / "cost-curves.json"
+
+
+def cost_curve(model, make_step: Callable[[], Callable[[int], None]]) -> CostCurve:
+    """The model's cost curve on its device and dtype, measured on first use.
+
+    ``make_step()`` returns a function running one forward pass over k tokens (see
+    :func:`measure`); it is only called when no curve is known yet.
+    """
+    name = getattr(model.config, "_name_or_path", "") or ""
+    dtype = next(model.parameters()).dtype
+    key = (name or id(model), str(model.device), str(dtype), torch.get_num_threads())
+    if key in _curves:
+        return _curves[key]
+    disk_key = "|".join(str(part) for part in key)
+    stored = _read_disk().get(disk_key) if name and os.path.isdir(name) else None
+    if stored:
+        curve = CostCurve(tuple((int(k), float(s)) for k, s in stored))
+    else:
+        start = time.perf_counter()
+        curve = measure(make_step())
+        logger.info("cost curve of %s measured in %.2f s: %s", name or type(model).__name__,
+                    time.perf_counter() - start, curve.points)  # fmt: skip
+        if name and os.path.isdir(name):
+            _write_disk(disk_key, curve)
+    _curves[key] = curve
+    return curve
+
+
+def _read_disk() -> dict:
+    try:
+        return json.loads(_disk_path().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_disk(key: str, curve: CostCurve) -> None:
+    try:
+        data = _read_disk()
+        data[key] = [list(p) for p in curve.points]
+        path = _disk_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        tmp.replace(path)
+    except OSError as err:  # a read-only cache only costs a re-measurement next time
+        logger.debug("could not store the cost curve: %s", err)
+
+
+def match_lengths(candidates: Sequence[Sequence[int]], first: int, choice: Callable[[int, int], int]) -> list[int]:
+    """How many leading tokens of each candidate the model agrees with: ``first`` is its choice
+    after t, ``choice(k, j)`` its choice after token j of candidate k."""
+    out = []
+    for k, candidate in enumerate(candidates):
+        matched, expected = 0, first
+        for j, token in enumerate(candidate):
+            if token != expected:
+                break
+            matched += 1
+            if j + 1 < len(candidate):
+                expected = choice(k, j)
+        out.append(matched)
+    return out
+
+
+PLAIN = (0, 1)  # a one-token step: no candidates, no window
+
+
+@dataclass
+class WidthChooser:
+    """Picks (g, n) per step: g candidates of n - 1 tokens, or PLAIN. See the module docstring."""
+
+    curve: CostCurve | None
+    max_candidates: int
+    ngram_size: int
+    window_size: int = 0
+    batch: int = 1
+    enabled: bool = True
+    probe_every: int = 8
+    max_interval: int = 64
+    memory: int = 128
+    observations: deque = field(default_factory=deque)  # (cap, match lengths) per row and wide step
+    chosen: Counter = field(default_factory=Counter)  # (g, n) -> steps
+    _since_probe: int = 0
+    _interval: int = 0
+
+    @property
+    def widest(self) -> tuple[int, int]:
+        return (self.max_candidates, self.ngram_size)
+
+    def options(self) -> list[tuple[int, int]]:
+        low = 0 if self.window_size else 1
+        return [(g, n) for g in range(low, self.max_candidates + 1) for n in range(2, self.ngram_size + 1)]
+
+    def rows(self, g: int, n: int) -> int:
+        """Input tokens per row of a step with g candidates of n - 1 tokens (and the window)."""
+        levels = self.ngram_size - 1 if self.window_size else 0
+        return build_layout(1, self.window_size, levels, g, n - 1).length
+
+    def expected_tokens(self, g: int, n: int) -> float:
+        if not self.observations:
+            return 1.0
+        total = sum(1 + min(n - 1, cap, max(a[:g], default=0)) for cap, a in self.observations)
+        return total / len(self.observations)
+
+    def rate(self, g: int, n: int) -> float:
+        """Expected tokens per second relative to plain decoding (plain = 1)."""
+        if (g, n) == PLAIN:
+            return 1.0
+        return self.expected_tokens(g, n) / self.curve.ratio(self.rows(g, n), self.batch)
+
+    def best(self) -> tuple[int, int]:
+        return max([PLAIN, *self.options()], key=lambda choice: self.rate(*choice))
+
+    def choose(self) -> tuple[int, int]:
+        self._since_probe += 1
+        if not self.enabled or self.curve is None or self.max_candidates == 0 and not self.window_size:
+            choice = self.widest
+        elif not self.observations or self._since_probe >= max(self.probe_every, self._interval):
+            choice = self.widest  # observe first, then probe now and then
+        else:
+            choice = self.best()
+        if choice == self.widest:
+            self._since_probe = 0
+        self.chosen[choice] += 1
+        return choice
+
+    def record(self, choice: tuple[int, int], cap: int, lengths: Sequence[int]) -> None:
+        """One row's outcome of a step run with ``choice``: ``lengths`` are the matched prefixes
+        of the candidates it verified, ``cap`` their length."""
+        if choice == PLAIN:
+            return
+        self.observations.append((cap, list(lengths)))
+        while len(self.observations) > self.memory * self.batch:
+            self.observations.popleft()
+
+    def after_step(self, choice: tuple[int, int]) -> None:
+        """Back off while probes of the widest setting keep losing to plain decoding."""
+        if self.enabled and choice == self.widest and self.curve is not None:
+            paid = self.best() != PLAIN
+            self._interval = 0 if paid else min(self.max_interval, 2 * max(self._interval, self.probe_every // 2))
+
+    @property
+    def wide_steps(self) -> int:
+        return sum(count for choice, count in self.chosen.items() if choice != PLAIN)
+
+    def summary(self) -> dict[str, int]:
+        """Steps per setting, as "G=g,N=n" (or "plain") -> steps."""
+        return {("plain" if c == PLAIN else f"G={c[0]},N={c[1]}"): n for c, n in sorted(self.chosen.items())}

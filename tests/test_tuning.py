@@ -1,0 +1,112 @@
+"""Auto-tuning: the chooser's model of the choice, and the cost curve it is built on."""
+
+import pytest
+from tiny_models import repetitive_prompt, tiny_model
+
+from lookahead import Lookahead
+from lookahead.tuning import PLAIN, CostCurve, WidthChooser, match_lengths, measure
+
+# a CPU-like curve: 2 tokens cost 1.1x one, 4 cost 1.9x, 8 cost 2.8x, 16 cost 5x
+STEEP = CostCurve(((1, 1.0), (2, 1.1), (4, 1.9), (8, 2.8), (16, 5.0)))
+FLAT = CostCurve(((1, 1.0), (64, 1.05)))  # a GPU-like curve: width is nearly free
+
+
+def test_cost_curve_interpolates_and_extrapolates():
+    assert STEEP(1) == 1.0 and STEEP(3) == pytest.approx(1.5) and STEEP(12) == pytest.approx(3.9)
+    assert STEEP(24) == pytest.approx(7.2)  # the last segment's slope
+    assert STEEP.ratio(2, batch=4) == pytest.approx(2.8 / 1.9)  # a batch of 4 at k=2 is 8 tokens
+
+
+def test_measure_never_decreases():
+    """Noise can make a wider pass look faster; the curve keeps the slower (earlier) floor."""
+    import time
+
+    def step(k):  # wider passes sleep less: a decreasing raw measurement
+        time.sleep((5 - k) * 0.002)
+
+    curve = measure(step, counts=(1, 2, 4), repeats=2)
+    assert [k for k, _ in curve.points] == [1, 2, 4]
+    assert curve.points[0][1] >= 0.008
+    assert curve.points[2][1] == curve.points[0][1]  # clamped to the floor
+
+
+def test_match_lengths_follow_the_model():
+    # model: after t comes 5, after (5) comes 6, after (5, 6) comes 4; after (5, 9) comes 0
+    predict = {(0, 0): 6, (0, 1): 4, (1, 0): 6, (1, 1): 0, (2, 0): 1}
+    assert match_lengths([(5, 6, 4), (5, 9, 9), (7, 1)], 5, lambda k, j: predict[(k, j)]) == [3, 1, 0]
+
+
+def feed(chooser, steps, lengths_for):
+    """Run the chooser for ``steps`` steps; ``lengths_for(g, n)`` gives a row's match lengths."""
+    choices = []
+    for _ in range(steps):
+        choice = chooser.choose()
+        g, n = choice
+        if choice != PLAIN:
+            chooser.record(choice, n - 1, lengths_for(g, n)[:g])
+        chooser.after_step(choice)
+        choices.append(choice)
+    return choices
+
+
+def test_widest_first_then_plain_when_nothing_is_accepted():
+    chooser = WidthChooser(STEEP, max_candidates=4, ngram_size=4)
+    choices = feed(chooser, 200, lambda g, n: [0] * g)
+    assert choices[0] == (4, 4)
+    assert choices[1] == PLAIN
+    probes = [i for i, c in enumerate(choices) if c != PLAIN]
+    assert len(probes) <= 10  # probes back off: 8, 16, 32, 64 steps apart
+    assert probes[-1] - probes[-2] == 64
+
+
+def test_narrow_setting_chosen_when_only_the_first_candidate_helps():
+    """Top candidate right 60% of the time for one token: (1, 2) costs 1.1x and yields 1.6."""
+    pattern = iter(range(10**6))
+    chooser = WidthChooser(STEEP, max_candidates=4, ngram_size=4)
+    choices = feed(chooser, 100, lambda g, n: [1 if next(pattern) % 5 < 3 else 0] + [0] * (g - 1))
+    assert max(set(choices[1:]), key=choices[1:].count) == (1, 2)
+
+
+def test_wide_setting_chosen_when_width_is_cheap():
+    chooser = WidthChooser(FLAT, max_candidates=4, ngram_size=4)
+    choices = feed(chooser, 50, lambda g, n: [0, 0, 3, 1][:g])  # only the third candidate helps
+    assert set(choices[1:]) == {(3, 4)} or choices.count((3, 4)) > 40
+
+
+def test_batches_make_width_costlier():
+    rate_one = WidthChooser(STEEP, 4, 4, batch=1)
+    rate_eight = WidthChooser(STEEP, 4, 4, batch=8)
+    for chooser in (rate_one, rate_eight):
+        chooser.observations.extend([(3, [1, 0, 0, 0]), (3, [0, 0, 0, 0])] * 4)  # E = 1.5 at (1, 2)
+    assert rate_one.rate(1, 2) > 1.0 > rate_eight.rate(1, 2)
+
+
+def test_disabled_chooser_runs_the_configured_setting():
+    chooser = WidthChooser(None, max_candidates=3, ngram_size=5, enabled=False)
+    assert feed(chooser, 5, lambda g, n: [0] * g) == [(3, 5)] * 5
+
+
+def test_auto_settings_report_their_choice_and_stay_exact():
+    model = tiny_model("llama")
+    prompt = repetitive_prompt(24, 4)
+    expected = model.generate(prompt, max_new_tokens=40, do_sample=False)
+    lookahead = Lookahead()
+    got = model.generate(prompt, max_new_tokens=40, do_sample=False, custom_generate=lookahead)
+    assert got.tolist() == expected.tolist()
+    stats = lookahead.last_stats
+    assert sum(stats.settings.values()) == stats.steps - 1  # every step after the prefill
+    assert stats.as_dict()["settings"] == stats.settings
+    assert all(key == "plain" or key.startswith("G=") for key in stats.settings)
+
+
+def test_context_lookup_proposes_the_repeated_text():
+    """On a prompt that repeats a motif, the longest-suffix lookup makes nearly every step
+    accept a full n-gram."""
+    model = tiny_model("gpt_neox")
+    prompt = repetitive_prompt(36, 2)
+    expected = model.generate(prompt, max_new_tokens=30, do_sample=False)
+    with_lookup, without = Lookahead(0, 4, 1), Lookahead(0, 4, 1, context_lookup=False, pool_from_output=False)
+    for lookahead in (with_lookup, without):
+        got = model.generate(prompt, max_new_tokens=30, do_sample=False, custom_generate=lookahead)
+        assert got.tolist() == expected.tolist()
+    assert with_lookup.last_stats.tokens_per_step > without.last_stats.tokens_per_step
