@@ -49,10 +49,10 @@ def feed(chooser, steps, lengths_for):
     return choices
 
 
-def test_widest_first_then_plain_when_nothing_is_accepted():
+def test_probe_first_then_plain_when_nothing_is_accepted():
     chooser = WidthChooser(STEEP, max_candidates=4, ngram_size=4)
     choices = feed(chooser, 200, lambda g, n: [0] * g)
-    assert choices[0] == (4, 4)
+    assert choices[0] == chooser.probe == (1, 4)  # 4 tokens for 1.9x: the best a probe can do here
     assert choices[1] == PLAIN
     probes = [i for i, c in enumerate(choices) if c != PLAIN]
     assert len(probes) <= 10  # probes back off: 8, 16, 32, 64 steps apart
@@ -69,6 +69,7 @@ def test_narrow_setting_chosen_when_only_the_first_candidate_helps():
 
 def test_wide_setting_chosen_when_width_is_cheap():
     chooser = WidthChooser(FLAT, max_candidates=4, ngram_size=4)
+    assert chooser.probe == (4, 4)
     choices = feed(chooser, 50, lambda g, n: [0, 0, 3, 1][:g])  # only the third candidate helps
     assert set(choices[1:]) == {(3, 4)} or choices.count((3, 4)) > 40
 
@@ -77,7 +78,7 @@ def test_batches_make_width_costlier():
     rate_one = WidthChooser(STEEP, 4, 4, batch=1)
     rate_eight = WidthChooser(STEEP, 4, 4, batch=8)
     for chooser in (rate_one, rate_eight):
-        chooser.observations.extend([(3, [1, 0, 0, 0]), (3, [0, 0, 0, 0])] * 4)  # E = 1.5 at (1, 2)
+        chooser.observations.extend([(None, 3, [1, 0, 0, 0]), (None, 3, [0, 0, 0, 0])] * 4)  # E = 1.5 at (1, 2)
     assert rate_one.rate(1, 2) > 1.0 > rate_eight.rate(1, 2)
 
 

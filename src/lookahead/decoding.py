@@ -172,7 +172,8 @@ class Lookahead:
         while active:
             # 2. plan and run one step for every active row, as wide as pays (lookahead.tuning)
             chooser.batch = len(active)
-            choice = chooser.choose()
+            matches = [row.context.match_length(row.committed) if row.context else None for row in active]
+            choice = chooser.choose(matches)
             limits = [_limit(row, rows, emitter.stop_ends_row, max_length) for row in active]
             layout, step_ids = plan_step(active, cfg, choice, spec, limits)
             logits = runner.step(layout, step_ids)  # [B, K, V]
@@ -183,9 +184,9 @@ class Lookahead:
                 for b, r in enumerate(active)
             ]
             verdicts = [_verify(row, scorer, layout, sample) for row, scorer in zip(active, scorers, strict=True)]
-            for row, scorer in zip(active, scorers, strict=True) if chooser.enabled else ():
+            for row, scorer, match in zip(active, scorers, matches, strict=True) if chooser.enabled else ():
                 lengths = match_lengths(row.candidates, scorer.raw_choice(layout.t_row), scorer.raw_candidate_choice)
-                chooser.record(choice, max((len(c) for c in row.candidates), default=0), lengths)
+                chooser.record(choice, max((len(c) for c in row.candidates), default=0), lengths, match)
             if runner.aligned:
                 verdicts = align(verdicts, active)
 

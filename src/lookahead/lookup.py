@@ -10,6 +10,8 @@ indexed as tokens are committed, so a lookup costs a few dictionary reads.
     >>> index.extend(text)
     >>> index.candidates(text, length=2, limit=3)   # "6 7" occurred twice before: newest first
     [(8, 1), (9, 6)]
+    >>> index.match_length(text)
+    2
 """
 
 from __future__ import annotations
@@ -33,6 +35,15 @@ class ContextIndex:
                 if len(ends) > self.per_key:
                     del ends[0]
         self._indexed = len(tokens)
+
+    def match_length(self, tokens: Sequence[int]) -> int:
+        """Length of the longest suffix of ``tokens`` (up to ``max_suffix``) seen earlier: 0 when
+        even the last token is new. A longer match makes the first candidate likelier right."""
+        last = len(tokens) - 1
+        for m in range(min(self.max_suffix, len(tokens)), 0, -1):
+            if any(end < last for end in self._ends.get(tuple(tokens[len(tokens) - m :]), ())):
+                return m
+        return 0
 
     def candidates(self, tokens: Sequence[int], length: int, limit: int) -> list[tuple[int, ...]]:
         """Up to ``limit`` distinct continuations of ``length`` tokens (or fewer, at the end of

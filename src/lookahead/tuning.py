@@ -11,13 +11,21 @@ expected speed of the setting (g, n), relative to plain decoding, is
 
 and plain decoding has rate 1. T comes from :func:`cost_curve`, measured once per model, device,
 dtype and thread count (a few forward passes over 1 to 128 tokens, kept for the process and, for
-checkpoints loaded from disk, in ``$LOOKAHEAD_CACHE/cost-curves.json``). The expectation is taken
-over the last ``memory`` observations: after every wide step, each row reports the matched prefix
-a_i of every candidate it verified (read off the step's logits, accepted or not), so one wide step
-informs every narrower setting. The chooser runs the setting with the highest rate, including
-plain steps; every ``probe_every`` steps it runs the widest setting to keep the observations of
-wide settings fresh, and while probes keep losing to plain decoding the interval doubles (up to
-``max_interval``). The output never depends on the choice: only the speed does.
+the bundled models, in ``$LOOKAHEAD_CACHE/cost-curves.json``).
+
+The expectation is taken over the last ``memory`` observations: after every wide step, each row
+reports the matched prefix a_i of every candidate it verified (read off the step's logits,
+accepted or not), so one wide step informs every narrower setting. Observations are kept apart
+by the length of the context's longest suffix seen earlier in the text (0-3,
+``lookup.ContextIndex.match_length``): after a repeated 3-token suffix the first candidate is
+usually right, after a new token rarely, so the same rule picks a wide step in the first case
+and a plain one in the second (prompt lookup decoding hard-codes a version of this). In a batch,
+the expectation is the mean over its rows.
+
+The chooser runs the setting with the highest rate, including plain steps; every
+``probe_every`` steps it runs a probe (the setting with the best rate were every candidate token
+accepted) to keep the observations fresh, and while probes keep losing to plain decoding the
+interval doubles (up to ``max_interval``). The output never depends on the choice: only the speed does.
 """
 
 from __future__ import annotations
@@ -99,7 +107,8 @@ def cost_curve(model, make_step: Callable[[], Callable[[int], None]]) -> CostCur
     if key in _curves:
         return _curves[key]
     disk_key = "|".join(str(part) for part in key)
-    stored = _read_disk().get(disk_key) if name and os.path.isdir(name) else None
+    persist = _bundled(name)
+    stored = _read_disk().get(disk_key) if persist else None
     if stored:
         curve = CostCurve(tuple((int(k), float(s)) for k, s in stored))
     else:
@@ -107,10 +116,20 @@ def cost_curve(model, make_step: Callable[[], Callable[[int], None]]) -> CostCur
         curve = measure(make_step())
         logger.info("cost curve of %s measured in %.2f s: %s", name or type(model).__name__,
                     time.perf_counter() - start, curve.points)  # fmt: skip
-        if name and os.path.isdir(name):
+        if persist:
             _write_disk(disk_key, curve)
     _curves[key] = curve
     return curve
+
+
+def _bundled(name: str) -> bool:
+    """Whether a checkpoint is one of the bundled conversions (their curves are kept on disk)."""
+    from .models import cache_dir
+
+    try:
+        return bool(name) and Path(name).resolve().is_relative_to(cache_dir().resolve())
+    except (OSError, ValueError):
+        return False
 
 
 def _read_disk() -> dict:
@@ -165,14 +184,26 @@ class WidthChooser:
     probe_every: int = 8
     max_interval: int = 64
     memory: int = 128
+    min_bucket: int = 8  # observations a match length needs before it is judged on its own
     observations: deque = field(default_factory=deque)  # (cap, match lengths) per row and wide step
     chosen: Counter = field(default_factory=Counter)  # (g, n) -> steps
     _since_probe: int = 0
     _interval: int = 0
+    _matches: list = field(default_factory=lambda: [None])
 
     @property
     def widest(self) -> tuple[int, int]:
         return (self.max_candidates, self.ngram_size)
+
+    @property
+    def probe(self) -> tuple[int, int]:
+        """The setting that observations start from and refresh: the widest of those that could
+        pay (nearly) most if every candidate token were accepted (n tokens for the cost of its
+        rows). Where width is nearly free (GPUs) that is the widest setting; on a CPU a narrow
+        one, since a wide probe that loses costs several plain steps."""
+        potential = {c: c[1] / self.curve.ratio(self.rows(*c), self.batch) for c in self.options()}
+        top = max(potential.values())
+        return max(c for c, p in potential.items() if p >= 0.95 * top)  # the widest near the top
 
     def options(self) -> list[tuple[int, int]]:
         low = 0 if self.window_size else 1
@@ -183,47 +214,55 @@ class WidthChooser:
         levels = self.ngram_size - 1 if self.window_size else 0
         return build_layout(1, self.window_size, levels, g, n - 1).length
 
-    def expected_tokens(self, g: int, n: int) -> float:
-        if not self.observations:
+    def expected_tokens(self, g: int, n: int, match: int | None = None) -> float:
+        """Mean tokens a row emits with (g, n), over the observations made when the context's
+        longest earlier-seen suffix had length ``match`` (all observations while there are few)."""
+        observed = [o for o in self.observations if o[0] == match] if match is not None else []
+        if len(observed) < self.min_bucket:
+            observed = self.observations
+        if not observed:
             return 1.0
-        total = sum(1 + min(n - 1, cap, max(a[:g], default=0)) for cap, a in self.observations)
-        return total / len(self.observations)
+        return sum(1 + min(n - 1, cap, max(a[:g], default=0)) for _, cap, a in observed) / len(observed)
 
-    def rate(self, g: int, n: int) -> float:
-        """Expected tokens per second relative to plain decoding (plain = 1)."""
+    def rate(self, g: int, n: int, matches: Sequence[int | None] = (None,)) -> float:
+        """Expected tokens per second relative to plain decoding (plain = 1), for rows whose
+        contexts match earlier text as far as ``matches`` says."""
         if (g, n) == PLAIN:
             return 1.0
-        return self.expected_tokens(g, n) / self.curve.ratio(self.rows(g, n), self.batch)
+        expected = sum(self.expected_tokens(g, n, m) for m in matches) / len(matches)
+        return expected / self.curve.ratio(self.rows(g, n), self.batch)
 
-    def best(self) -> tuple[int, int]:
-        return max([PLAIN, *self.options()], key=lambda choice: self.rate(*choice))
+    def best(self, matches: Sequence[int | None] = (None,)) -> tuple[int, int]:
+        return max([PLAIN, *self.options()], key=lambda choice: self.rate(*choice, matches))
 
-    def choose(self) -> tuple[int, int]:
+    def choose(self, matches: Sequence[int | None] = (None,)) -> tuple[int, int]:
+        """The setting for the next step; ``matches[b]``: row b's longest earlier-seen suffix."""
         self._since_probe += 1
+        self._matches = list(matches)
         if not self.enabled or self.curve is None or self.max_candidates == 0 and not self.window_size:
             choice = self.widest
         elif not self.observations or self._since_probe >= max(self.probe_every, self._interval):
-            choice = self.widest  # observe first, then probe now and then
+            choice = self.probe  # observe first, then probe now and then
         else:
-            choice = self.best()
-        if choice == self.widest:
+            choice = self.best(matches)
+        if choice == self.widest or self.enabled and self.curve is not None and choice == self.probe:
             self._since_probe = 0
         self.chosen[choice] += 1
         return choice
 
-    def record(self, choice: tuple[int, int], cap: int, lengths: Sequence[int]) -> None:
+    def record(self, choice: tuple[int, int], cap: int, lengths: Sequence[int], match: int | None = None) -> None:
         """One row's outcome of a step run with ``choice``: ``lengths`` are the matched prefixes
-        of the candidates it verified, ``cap`` their length."""
+        of the candidates it verified, ``cap`` their length, ``match`` its context's suffix match."""
         if choice == PLAIN:
             return
-        self.observations.append((cap, list(lengths)))
+        self.observations.append((match, cap, list(lengths)))
         while len(self.observations) > self.memory * self.batch:
             self.observations.popleft()
 
     def after_step(self, choice: tuple[int, int]) -> None:
         """Back off while probes of the widest setting keep losing to plain decoding."""
-        if self.enabled and choice == self.widest and self.curve is not None:
-            paid = self.best() != PLAIN
+        if self.enabled and self.curve is not None and choice == self.probe:
+            paid = self.best(self._matches) != PLAIN
             self._interval = 0 if paid else min(self.max_interval, 2 * max(self._interval, self.probe_every // 2))
 
     @property
