@@ -111,3 +111,14 @@ def test_context_lookup_proposes_the_repeated_text():
         got = model.generate(prompt, max_new_tokens=30, do_sample=False, custom_generate=lookahead)
         assert got.tolist() == expected.tolist()
     assert with_lookup.last_stats.tokens_per_step > without.last_stats.tokens_per_step
+
+
+def test_probes_are_rarer_where_they_cost_more():
+    """A losing probe may add at most ~10% to plain decoding's time: in a batch of 8 a (1,4) probe
+    costs 3.4 plain steps, so probes come at least 24 steps apart."""
+    one, eight = WidthChooser(STEEP, 4, 4, batch=1), WidthChooser(STEEP, 4, 4, batch=8)
+    gaps = {}
+    for name, chooser in (("one", one), ("eight", eight)):
+        probes = [i for i, c in enumerate(feed(chooser, 60, lambda g, n: [0] * g)) if c != PLAIN]
+        gaps[name] = probes[1] - probes[0]
+    assert gaps["one"] == 9 and gaps["eight"] >= 24

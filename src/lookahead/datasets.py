@@ -47,13 +47,15 @@ def mtbench(n: int | None = None) -> list[Prompt]:
 
 
 def encode(tokenizer, prompt: Prompt):
-    """Tokenize a prompt as the benchmarks do: chat template for chat prompts, raw text otherwise."""
+    """Tokenize a prompt as the benchmarks do: chat template for chat prompts (when the tokenizer
+    has one; a base model gets the raw question), raw text otherwise."""
     text = prompt.text
-    if prompt.chat:
+    chat = prompt.chat and tokenizer.chat_template is not None  # base models (Gemma 3 270M) have none
+    if chat:
         text = tokenizer.apply_chat_template(
             [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
         )
-    return tokenizer(text, return_tensors="pt", add_special_tokens=not prompt.chat)
+    return tokenizer(text, return_tensors="pt", add_special_tokens=not chat)
 
 
 def encode_batch(tokenizer, prompts: list[Prompt]) -> dict:

@@ -48,10 +48,13 @@ class Lookahead:
 
     >>> out = model.generate(**inputs, custom_generate=Lookahead(), max_new_tokens=64)
 
-    ``Lookahead()`` picks W, N and G for the model's device and, during each call, falls back to
-    one-token steps while wide steps do not pay (``adaptive``); pass W, N or G to override.
-    Invalid values raise ``ValueError`` at construction. After each call, ``last_stats`` holds
-    a :class:`LookaheadStats` (steps, tokens per step, accepted-length histogram, time).
+    ``Lookahead()`` takes W, N and G for the model's device as upper bounds and, step by step,
+    runs the setting (or plain one-token step) with the highest expected tokens per second, from
+    the model's measured cost curve and the acceptance seen so far (``adaptive``, see
+    ``lookahead.tuning``); pass W, N or G to run a fixed setting. Invalid values raise
+    ``ValueError`` at construction. After each call, ``last_stats`` holds a
+    :class:`LookaheadStats` (steps, tokens per step, accepted-length histogram, the settings
+    chosen, time). Batches of left-padded prompts and encoder-decoder models are supported.
     """
 
     def __init__(
@@ -253,13 +256,11 @@ class Lookahead:
             if source_ids is not None:
                 pool.add_sequence(source_ids[index].tolist())
         window = JacobiWindow(cfg.window_size, cfg.ngram_size, prompt)
-        context = None
-        if cfg.context_lookup:
-            context = ContextIndex()
+        context = ContextIndex() if cfg.context_lookup else None
+        if context is not None:
             context.extend(prompt)
-        row = Row(index=index, ids=input_ids[index : index + 1], committed=list(prompt), pool=pool, window=window)
-        row.context = context
-        return row
+        ids = input_ids[index : index + 1]
+        return Row(index=index, ids=ids, committed=list(prompt), pool=pool, window=window, context=context)
 
 
 def _verify(row: Row, scorer: Scorer, layout: StepLayout, sample: bool) -> Verdict:

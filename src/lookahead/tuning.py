@@ -24,14 +24,16 @@ the expectation is the mean over its rows.
 
 The chooser runs the setting with the highest rate, including plain steps; every
 ``probe_every`` steps it runs a probe (the setting with the best rate were every candidate token
-accepted) to keep the observations fresh, and while probes keep losing to plain decoding the
-interval doubles (up to ``max_interval``). The output never depends on the choice: only the speed does.
+accepted) to keep the observations fresh, never more often than keeps a losing probe's extra cost
+under ``probe_overhead`` (10%) of plain decoding, and while probes keep losing the interval
+doubles (up to ``max_interval``). The output never depends on the choice: only the speed does.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from collections import Counter, deque
@@ -185,7 +187,8 @@ class WidthChooser:
     max_interval: int = 64
     memory: int = 128
     min_bucket: int = 8  # observations a match length needs before it is judged on its own
-    observations: deque = field(default_factory=deque)  # (cap, match lengths) per row and wide step
+    probe_overhead: float = 0.1  # most of plain decoding's time that losing probes may add
+    observations: deque = field(default_factory=deque)  # (match, cap, lengths) per row and wide step
     chosen: Counter = field(default_factory=Counter)  # (g, n) -> steps
     _since_probe: int = 0
     _interval: int = 0
@@ -241,7 +244,7 @@ class WidthChooser:
         self._matches = list(matches)
         if not self.enabled or self.curve is None or self.max_candidates == 0 and not self.window_size:
             choice = self.widest
-        elif not self.observations or self._since_probe >= max(self.probe_every, self._interval):
+        elif not self.observations or self._since_probe >= max(self.probe_every, self._interval, self._budget()):
             choice = self.probe  # observe first, then probe now and then
         else:
             choice = self.best(matches)
@@ -249,6 +252,12 @@ class WidthChooser:
             self._since_probe = 0
         self.chosen[choice] += 1
         return choice
+
+    def _budget(self) -> int:
+        """Steps between probes that keep a losing probe's extra cost within ``probe_overhead`` of
+        plain decoding's time (a (1,4) probe costs 1.9 plain steps alone, 3.3 in a batch of 8)."""
+        extra = self.curve.ratio(self.rows(*self.probe), self.batch) - 1.0
+        return math.ceil(extra / self.probe_overhead)
 
     def record(self, choice: tuple[int, int], cap: int, lengths: Sequence[int], match: int | None = None) -> None:
         """One row's outcome of a step run with ``choice``: ``lengths`` are the matched prefixes
