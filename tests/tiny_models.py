@@ -125,37 +125,20 @@ def char_tokenizer():
 
 
 # encoder-decoder architectures: (config class name, model class name, overrides)
+_BART_LIKE = dict(
+    d_model=64,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=128,
+    decoder_ffn_dim=128,
+    max_position_embeddings=256,
+)
 SEQ2SEQ: dict[str, tuple[str, str, dict]] = {
     "t5": ("T5Config", "T5ForConditionalGeneration", dict(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4)),
-    "bart": (
-        "BartConfig",
-        "BartForConditionalGeneration",
-        dict(
-            d_model=64,
-            encoder_layers=2,
-            decoder_layers=2,
-            encoder_attention_heads=4,
-            decoder_attention_heads=4,
-            encoder_ffn_dim=128,
-            decoder_ffn_dim=128,
-            max_position_embeddings=256,
-            forced_bos_token_id=None,
-        ),
-    ),  # fmt: skip
-    "marian": (
-        "MarianConfig",
-        "MarianMTModel",
-        dict(
-            d_model=64,
-            encoder_layers=2,
-            decoder_layers=2,
-            encoder_attention_heads=4,
-            decoder_attention_heads=4,
-            encoder_ffn_dim=128,
-            decoder_ffn_dim=128,
-            max_position_embeddings=256,
-        ),
-    ),  # fmt: skip
+    "bart": ("BartConfig", "BartForConditionalGeneration", dict(_BART_LIKE, forced_bos_token_id=None)),
+    "marian": ("MarianConfig", "MarianMTModel", _BART_LIKE),
 }
 SEQ2SEQ_SCALE = {"t5": 6.0, "bart": 6.0, "marian": 1.0}  # the least degenerate outputs found
 
