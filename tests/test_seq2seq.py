@@ -109,3 +109,14 @@ def test_cli_takes_a_seq2seq_checkpoint(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     assert "outputs identical" in out and "[lookahead W=0 N=4 G=1]" in out
+
+
+def test_seq2seq_row_stopping_inside_an_accepted_chain():
+    """T5, EOS 95: one row stops in the middle of a multi-token step while the others commit the
+    whole step (this crashed the aligned runner once)."""
+    model = tiny_seq2seq("t5")
+    ids, mask = sources(SOURCE_LENGTHS, seed=6)
+    kwargs = dict(attention_mask=mask, decoder_input_ids=decoder_prompts(3), max_new_tokens=30, do_sample=False)
+    expected = model.generate(ids, eos_token_id=95, pad_token_id=1, **kwargs)
+    got = Lookahead(0, 4, 1).generate(model, ids, eos_token_id=95, pad_token_id=1, **kwargs)
+    assert got.tolist() == expected.tolist()

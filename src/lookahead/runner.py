@@ -193,11 +193,9 @@ class Seq2SeqRunner:
         return logits[:, layout.logit_rows.to(logits.device)]
 
     def commit(self, layout: StepLayout, picks: Sequence[tuple[int | None, int]]) -> None:
-        """Every row keeps the same number of entries: t and the first accepted tokens."""
-        kept = {k for _, k in picks}
-        if len(kept) != 1:
-            raise AssertionError(f"aligned rows must commit alike, got {sorted(kept)}")
-        self.cache.crop(-(layout.length - kept.pop()))
+        """Every row keeps the same number of entries: t and the first accepted tokens. A row
+        that kept fewer has just stopped inside the step and leaves the batch next (``select``)."""
+        self.cache.crop(-(layout.length - max(k for _, k in picks)))
 
     def select(self, keep: Sequence[int]) -> None:
         index = torch.tensor(list(keep), device=self.encoder_hidden.device)
