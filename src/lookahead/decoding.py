@@ -175,7 +175,8 @@ class Lookahead:
         while active:
             # 2. plan and run one step for every active row, as wide as pays (lookahead.tuning)
             chooser.batch = len(active)
-            matches = [row.context.match_length(row.committed) if row.context else None for row in active]
+            matches = [row.context.match_length(row.committed) if row.context and chooser.enabled else None
+                       for row in active]  # fmt: skip
             choice = chooser.choose(matches)
             limits = [_limit(row, rows, emitter.stop_ends_row, max_length) for row in active]
             layout, step_ids = plan_step(active, cfg, choice, spec, limits)
@@ -214,9 +215,9 @@ class Lookahead:
             active = _drop_finished(active, rows, runner, emitter.stop_ends_row, max_length)
 
         sequences = assemble(rows, input_ids.shape[1], emitter.stop_ends_row, generation_config._pad_token_tensor)
-        stats.new_tokens = int((sequences.shape[1] - input_ids.shape[1]) * batch)
-        if emitter.stop_ends_row:  # rows padded after their stop did not generate the padding
-            stats.new_tokens = sum(row.ids.shape[1] - input_ids.shape[1] for row in rows)
+        # rows padded after their stop did not generate the padding; rows that ran on are cut to T
+        new_per_row = [min(row.ids.shape[1], sequences.shape[1]) - input_ids.shape[1] for row in rows]
+        stats.new_tokens = sum(new_per_row)
         stats.wide_steps = chooser.wide_steps
         stats.settings = chooser.summary()
         stats.decode_seconds = time.perf_counter() - start
