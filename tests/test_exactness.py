@@ -100,3 +100,33 @@ def test_long_generation_with_learned_positions_near_the_table_end():
     got = model.generate(prompt, max_new_tokens=56, do_sample=False, custom_generate=Lookahead(5, 4, 4))
     assert got.tolist() == expected.tolist()
     assert got.shape[1] == 256
+
+
+@pytest.mark.parametrize("arch", list(CONFIGS))
+def test_token_trees_match_greedy(arch, monkeypatch):
+    """Candidates sharing a prefix, verified as a token tree (one row per distinct prefix), give
+    the same output as greedy and as the same candidates on rows of their own; and the tree does
+    save rows on these prompts."""
+    from lookahead.runner import DecoderRunner
+
+    steps = []
+    original = DecoderRunner.step
+
+    def step(self, layout, step_ids):
+        steps.append((sum(len(c) for c in layout.candidate_rows), len(layout.node_rows)))
+        return original(self, layout, step_ids)
+
+    monkeypatch.setattr(DecoderRunner, "step", step)
+    model = tiny_model(arch)
+    saved = dict.fromkeys([((0, 4, 6), True), ((0, 4, 6), False), ((3, 3, 5), True), ((3, 3, 5), False)], 0)
+    for seed in range(3):
+        prompt = repetitive_prompt(24, seed)
+        expected = model.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False)
+        for setting, tree in saved:
+            steps.clear()
+            lookahead = Lookahead(*setting, token_tree=tree)
+            got = model.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, custom_generate=lookahead)
+            assert got.tolist() == expected.tolist(), f"{arch} {setting} tree={tree} prompt {seed}"
+            saved[setting, tree] += sum(tokens - nodes for tokens, nodes in steps)
+    for (setting, tree), rows in saved.items():
+        assert rows > 0 if tree else rows == 0, (arch, setting, tree, rows)

@@ -1,10 +1,11 @@
 """The step layout: hand-checked tables, and the laws every layout must obey."""
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lookahead.layout import build_layout
+from lookahead.layout import build_layout, chain_shape, node_tokens, tree_shape
 
 
 def visible(layout, row):
@@ -89,3 +90,54 @@ def test_branches_and_candidates_never_see_each_other(window, n_levels, n_candid
     cand_rows = {r for c in layout.candidate_rows for r in c}
     for row in window_rows:
         assert not visible(layout, row) & cand_rows
+
+
+def test_token_tree_hand_checked():
+    candidates = [(5, 9, 2), (5, 6, 1), (7, 3, 3)]
+    shape = tree_shape(candidates)
+    assert shape == ((0, 1, 2), (0, 3, 4), (5, 6, 7))
+    assert node_tokens(candidates, shape) == [5, 9, 2, 6, 1, 7, 3, 3]
+    layout = build_layout(1, 0, 0, shape=shape)
+    assert layout.length == 9  # t + 8 nodes: the shared 5 costs one row, not two
+    assert layout.positions.tolist() == [0, 1, 2, 3, 2, 3, 1, 2, 3]
+    assert layout.candidate_rows == ((1, 2, 3), (1, 4, 5), (6, 7, 8))
+    assert visible(layout, 5) == {0, 1, 4, 5}  # 1 after 6 after the shared 5: not 9 or 2
+    assert visible(layout, 2) == {0, 1, 2}
+    assert layout.candidate_position[1] == (0, 0) and layout.candidate_position[4] == (1, 1)
+    assert layout.logit_rows.tolist() == list(range(9))
+
+
+def test_chain_shape_is_the_untreed_layout():
+    chained = build_layout(1, 4, 3, 3, 2)
+    assert build_layout(1, 4, 3, shape=chain_shape(3, 2)).mask.equal(chained.mask)
+    # distinct first tokens: the tree is the chains
+    assert tree_shape([(1, 2), (3, 4), (5, 6)]) == chain_shape(3, 2)
+
+
+def test_bad_tree_shapes_are_refused():
+    with pytest.raises(ValueError, match="two parents"):
+        build_layout(1, 0, 0, shape=((0, 1), (2, 1)))
+    with pytest.raises(ValueError, match="numbered"):
+        build_layout(1, 0, 0, shape=((1, 0),))
+
+
+@given(
+    window=st.integers(0, 4),
+    n_levels=st.integers(0, 3),
+    candidates=st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=4), max_size=6),
+)
+def test_every_tree_path_reads_as_its_candidate_alone(window, n_levels, candidates):
+    """A node row sees t, its ancestors and itself: each candidate's rows form the same context
+    as that candidate verified on rows of its own, and each distinct prefix costs one row."""
+    shape = tree_shape(candidates)
+    layout = build_layout(1, window, n_levels, shape=shape)
+    tokens = node_tokens(candidates, shape)
+    n_prefixes = len({tuple(c[: j + 1]) for c in candidates for j in range(len(c))})
+    assert len(layout.node_rows) == n_prefixes == len(tokens)
+    window_rows = {r for level in layout.level_rows for r in level}
+    for candidate, rows in zip(candidates, layout.candidate_rows, strict=True):
+        assert [tokens[layout.node_rows.index(r)] for r in rows] == candidate
+        for j, row in enumerate(rows):
+            assert visible(layout, row) == {layout.t_row, *rows[: j + 1]}
+            assert layout.positions[row] == j + 1
+            assert not visible(layout, row) & window_rows

@@ -122,3 +122,26 @@ def test_probes_are_rarer_where_they_cost_more():
         probes = [i for i, c in enumerate(feed(chooser, 60, lambda g, n: [0] * g)) if c != PLAIN]
         gaps[name] = probes[1] - probes[0]
     assert gaps["one"] == 9 and gaps["eight"] >= 24
+
+
+def test_token_tree_sizes_make_shared_candidates_affordable():
+    """Candidates (5,6,7), (5,6,8), (5,6,9), (5,6,1), where only the fourth has been going all the
+    way: on rows of their own, 4 candidates of 3 tokens are 13 tokens (4.2x a plain step on
+    STEEP) and lose to plain decoding; as a tree they are 7 tokens (2.6x) for 4 tokens and win."""
+    chooser = WidthChooser(STEEP, max_candidates=4, ngram_size=4)
+    chooser.observations.extend([(None, 3, [0, 0, 0, 3])] * 8)
+    chains = {(g, n): (chooser.rows(g, n), g) for g, n in chooser.options()}
+    # as a tree: cut to 2 tokens they are all (5, 6), to 1 token all (5,)
+    tree = {(g, n): {4: (3 + g, g), 3: (3, 1), 2: (2, 1)}[n] for g, n in chooser.options()}
+    assert chooser.choose(sizes=chains) == PLAIN
+    assert chooser.choose(sizes=tree) == (4, 4)
+    assert chooser.rate(4, 4) == pytest.approx(4 / STEEP(7))
+    assert chooser.rate(2, 3) == pytest.approx(1 / STEEP(3))  # one candidate at hand, and it fails
+
+
+def test_no_candidate_at_hand_is_a_plain_step():
+    chooser = WidthChooser(STEEP, max_candidates=4, ngram_size=4)
+    chooser.observations.extend([(None, 3, [3, 3, 3, 3])] * 8)  # everything accepted before
+    none = {(g, n): (1, 0) for g, n in chooser.options()}  # but no candidate now
+    assert chooser.choose(sizes=none) == PLAIN
+    assert chooser.rate(4, 4) == 1.0

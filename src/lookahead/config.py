@@ -30,6 +30,8 @@ class LookaheadConfig:
     * ``pool_from_output``: also pool the n-grams of the text generated so far.
     * ``context_lookup``: propose first what followed earlier occurrences of the context's
       longest suffix (see ``lookahead.lookup``).
+    * ``token_tree``: candidates that share a prefix share its rows (see ``lookahead.layout``);
+      a batch of one only, since rows of a batch share one layout.
     * ``adaptive``: choose, step by step, how many candidates of how many tokens to verify (or a
       plain one-token step) from the model's measured cost curve and the acceptance seen so far
       (see ``lookahead.tuning``); W, N and G are then upper bounds. Output is unchanged.
@@ -41,6 +43,7 @@ class LookaheadConfig:
     seed_pool_from_prompt: bool = True
     pool_from_output: bool = True
     context_lookup: bool = True
+    token_tree: bool = True
     adaptive: bool = False
 
     def __post_init__(self) -> None:

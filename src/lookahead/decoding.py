@@ -32,7 +32,7 @@ from .config import LookaheadConfig, LookaheadStats
 from .layout import StepLayout, build_layout
 from .lookup import ContextIndex
 from .pool import NGramPool
-from .rows import Emitter, Row, align, assemble, plan_step
+from .rows import Emitter, Row, align, assemble, plan_step, step_sizes, use_tree
 from .runner import DecoderRunner, Seq2SeqRunner
 from .step import Scorer, prompt_rows, validate_call
 from .support import MaskSpec, check_model
@@ -66,6 +66,7 @@ class Lookahead:
         seed_pool_from_prompt: bool = True,
         pool_from_output: bool = True,
         context_lookup: bool = True,
+        token_tree: bool = True,
         adaptive: bool | None = None,
     ) -> None:
         self._overrides = {
@@ -75,6 +76,7 @@ class Lookahead:
             "seed_pool_from_prompt": seed_pool_from_prompt,
             "pool_from_output": pool_from_output,
             "context_lookup": context_lookup,
+            "token_tree": token_tree,
             # auto settings adapt; explicit W/N/G run exactly as asked unless adaptive=True
             "adaptive": adaptive if adaptive is not None else (window_size, ngram_size, max_candidates) == (None,) * 3,
         }
@@ -177,8 +179,11 @@ class Lookahead:
             chooser.batch = len(active)
             matches = [row.context.match_length(row.committed) if row.context and chooser.enabled else None
                        for row in active]  # fmt: skip
-            choice = chooser.choose(matches)
             limits = [_limit(row, rows, emitter.stop_ends_row, max_length) for row in active]
+            sizes = None
+            if chooser.enabled and use_tree(active, cfg):  # price each option by its token tree
+                sizes = step_sizes(active[0], cfg, spec, limits[0], chooser.options())
+            choice = chooser.choose(matches, sizes)
             layout, step_ids = plan_step(active, cfg, choice, spec, limits)
             logits = runner.step(layout, step_ids)  # [B, K, V]
 

@@ -17,6 +17,14 @@ What each row sees inside the step (every row also sees the whole KV cache):
 
 Nothing crosses between the lookahead and verification branches, or between candidates.
 
+**Token tree.** Candidates that share a prefix may share its rows (``shape``, see
+:func:`tree_shape`): ``(5, 9)`` and ``(5, 6)`` become the rows ``5 -> 9`` and ``5 -> 6``, with
+one row for the shared 5. A node row sees the prefix, its ancestors and itself, so each path
+through the tree reads exactly as its candidate would alone, and a shared prefix costs one row::
+
+    candidates (5, 9, 2), (5, 6, 1), (7, 3, 3)  ->  nodes 5 9 2 6 1 7 3 3  (8 rows, not 9)
+    shape = ((0, 1, 2), (0, 3, 4), (5, 6, 7))
+
 Mask of the example above (``x`` = may attend, rows and columns in input order)::
 
              t  l0 . . .  l1 . . . .  l2 . . . .  c0 . .  c1 . .
@@ -36,6 +44,7 @@ Mask of the example above (``x`` = may attend, rows and columns in input order):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -55,13 +64,50 @@ class StepLayout:
     length: int  # L
     logit_rows: torch.Tensor  # [K] sorted rows whose logits are used: t, last level, candidates
     logit_index: dict[int, int]  # row -> index into logit_rows
-    candidate_position: dict[int, tuple[int, int]]  # candidate row -> (candidate k, token j)
+    candidate_position: dict[int, tuple[int, int]]  # candidate row -> (first candidate k using it, token j)
+    node_rows: tuple[int, ...]  # rows of the verification branch, by node id (see ``shape``)
 
 
-@lru_cache(maxsize=256)
-def build_layout(n_prefix: int, window: int, n_levels: int, n_candidates: int, candidate_len: int) -> StepLayout:
+Shape = tuple[tuple[int, ...], ...]  # node id of token j of candidate k, ids numbered 0.. in input order
+
+
+def chain_shape(n_candidates: int, candidate_len: int) -> Shape:
+    """Every candidate on rows of its own (no sharing)."""
+    return tuple(tuple(range(k * candidate_len, (k + 1) * candidate_len)) for k in range(n_candidates))
+
+
+def tree_shape(candidates: Sequence[Sequence[int]]) -> Shape:
+    """Candidates merged into a token tree: one node per distinct prefix, numbered as first met
+    (so a node's parent always comes before it)."""
+    nodes: dict[tuple[int, ...], int] = {}
+    return tuple(
+        tuple(nodes.setdefault(tuple(candidate[: j + 1]), len(nodes)) for j in range(len(candidate)))
+        for candidate in candidates
+    )
+
+
+def node_tokens(candidates: Sequence[Sequence[int]], shape: Shape) -> list[int]:
+    """The input token of each node of ``shape``."""
+    tokens: dict[int, int] = {}
+    for candidate, ids in zip(candidates, shape, strict=True):
+        for token, node in zip(candidate, ids, strict=True):
+            tokens.setdefault(node, int(token))
+    return [tokens[node] for node in range(len(tokens))]
+
+
+@lru_cache(maxsize=1024)
+def build_layout(
+    n_prefix: int,
+    window: int,
+    n_levels: int,
+    n_candidates: int = 0,
+    candidate_len: int = 0,
+    shape: Shape | None = None,
+) -> StepLayout:
     """Lay out one step: ``n_prefix`` uncached tokens (the last is t), ``n_levels`` filled levels
-    of a window of ``window`` columns, and ``n_candidates`` candidates of ``candidate_len`` tokens.
+    of a window of ``window`` columns, and the verification branch: ``n_candidates`` candidates
+    of ``candidate_len`` tokens on rows of their own, or the token tree ``shape`` (which then
+    replaces both; see :func:`tree_shape`).
 
     Pure and cached: the same arguments return the same (read-only) tensors.
     """
@@ -69,8 +115,17 @@ def build_layout(n_prefix: int, window: int, n_levels: int, n_candidates: int, c
         raise ValueError("a step needs at least one prefix token (t)")
     if window == 0:
         n_levels = 0
-    if n_candidates == 0 or candidate_len == 0:
-        n_candidates, candidate_len = 0, 0
+    if shape is None:
+        shape = chain_shape(n_candidates, candidate_len) if n_candidates and candidate_len else ()
+    shape = tuple(ids for ids in shape if ids)
+    n_nodes = 1 + max((node for ids in shape for node in ids), default=-1)
+    parent: dict[int, int | None] = {}
+    for ids in shape:
+        for j, node in enumerate(ids):
+            if parent.setdefault(node, ids[j - 1] if j else None) != (ids[j - 1] if j else None):
+                raise ValueError(f"node {node} of the token tree has two parents")
+    if sorted(parent) != list(range(n_nodes)) or any(p is not None and p >= n for n, p in parent.items()):
+        raise ValueError("token tree nodes must be numbered 0.. with every parent before its children")
 
     positions: list[int] = list(range(-(n_prefix - 1), 1))
     t_row = n_prefix - 1
@@ -95,15 +150,14 @@ def build_layout(n_prefix: int, window: int, n_levels: int, n_candidates: int, c
             rows.append(row)
         level_rows.append(tuple(rows))
 
-    candidate_rows: list[tuple[int, ...]] = []
-    for _ in range(n_candidates):
-        rows = []
-        for j in range(candidate_len):
-            row = len(positions)
-            positions.append(1 + j)
-            sees.append(prefix | set(rows) | {row})
-            rows.append(row)
-        candidate_rows.append(tuple(rows))
+    node_rows: list[int] = []
+    for node in range(n_nodes):
+        row = len(positions)
+        up = parent[node]
+        node_rows.append(row)
+        positions.append(positions[node_rows[up]] + 1 if up is not None else 1)
+        sees.append((sees[node_rows[up]] if up is not None else prefix) | {row})
+    candidate_rows = [tuple(node_rows[node] for node in ids) for ids in shape]
 
     length = len(positions)
     mask = torch.zeros(length, length, dtype=torch.bool)
@@ -127,5 +181,8 @@ def build_layout(n_prefix: int, window: int, n_levels: int, n_candidates: int, c
         length=length,
         logit_rows=torch.tensor(used, dtype=torch.long),
         logit_index={row: i for i, row in enumerate(used)},
-        candidate_position={r: (k, j) for k, cand in enumerate(candidate_rows) for j, r in enumerate(cand)},
+        candidate_position={
+            r: (k, j) for k, cand in reversed(list(enumerate(candidate_rows))) for j, r in enumerate(cand)
+        },
+        node_rows=tuple(node_rows),
     )

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .config import LookaheadConfig
-from .layout import StepLayout, build_layout
+from .layout import StepLayout, build_layout, node_tokens, tree_shape
 from .lookup import ContextIndex
 from .pool import NGramPool
 from .step import Scorer
@@ -43,6 +43,69 @@ class Row:
         return self.committed[-1]
 
 
+def _cap(row: Row, n: int, spec: MaskSpec, limit: int) -> int:
+    """The most candidate tokens row may verify with n-grams of n: n - 1, fewer near its limit
+    or the end of the model's position table."""
+    cap = min(n - 1, limit - row.ids.shape[1] - 1)
+    if spec.max_positions is not None:
+        cap = min(cap, spec.max_positions - len(row.committed))
+    return cap
+
+
+def _pooled(row: Row, length: int, g: int) -> list[tuple[int, ...]]:
+    """Candidate sources in order of trust, untruncated: the verified tokens the row could not
+    commit yet, the longest-suffix lookup over its text, then its pool (window n-grams first in
+    recency)."""
+    pooled = [row.carry] if row.carry else []
+    if row.context is not None:
+        pooled += row.context.candidates(row.committed, length, g)
+    return pooled + row.pool.candidates(row.t, g)
+
+
+def _pick(pooled: Sequence[tuple[int, ...]], g: int, length: int) -> list[tuple[int, ...]]:
+    """The first g distinct candidates once cut to ``length`` tokens."""
+    found: list[tuple[int, ...]] = []
+    for candidate in pooled:
+        candidate = tuple(candidate[:length])
+        if candidate and candidate not in found:
+            found.append(candidate)
+            if len(found) == g:
+                break
+    return found
+
+
+def _levels(rows: Sequence[Row], cfg: LookaheadConfig, spec: MaskSpec, wide: bool) -> int:
+    n_levels = rows[0].window.n_levels if wide else 0
+    if spec.max_positions is not None and any(
+        len(row.committed) - 1 + n_levels + cfg.window_size - 1 > spec.max_positions for row in rows
+    ):
+        n_levels = 0  # the window would run past the position table: skip it this step
+    return n_levels
+
+
+def use_tree(rows: Sequence[Row], cfg: LookaheadConfig) -> bool:
+    """Token trees need one layout per row: a batch of one (rows of a batch share the layout)."""
+    return cfg.token_tree and len(rows) == 1
+
+
+def step_sizes(
+    row: Row, cfg: LookaheadConfig, spec: MaskSpec, limit: int, options: Sequence[tuple[int, int]]
+) -> dict[tuple[int, int], tuple[int, int]]:
+    """For each option (g, n): the input tokens of the step it would run for this row, its
+    candidates merged into a token tree, and how many candidates it would verify. What
+    :class:`lookahead.tuning.WidthChooser` prices: shared prefixes and missing candidates cost
+    nothing, and missing candidates accept nothing."""
+    pooled = _pooled(row, max(0, _cap(row, cfg.ngram_size, spec, limit)), cfg.max_candidates)
+    base = build_layout(1, cfg.window_size, _levels([row], cfg, spec, True)).length  # t and the window
+    sizes = {}
+    for g, n in options:
+        cap = _cap(row, n, spec, limit)
+        picked = _pick(pooled, g, cap) if cap > 0 and g > 0 else []
+        nodes = {candidate[: j + 1] for candidate in picked for j in range(len(candidate))}  # = tree_shape's
+        sizes[(g, n)] = (base + len(nodes), len(picked))
+    return sizes
+
+
 def plan_step(
     rows: Sequence[Row], cfg: LookaheadConfig, choice: tuple[int, int], spec: MaskSpec, limits: Sequence[int]
 ) -> tuple[StepLayout, list[list[int]]]:
@@ -50,34 +113,28 @@ def plan_step(
 
     ``choice`` = (g, n): at most g candidates of n - 1 tokens; (0, 1) is a plain one-token step
     (no window either). ``limits[b]`` is the length row b may reach (so it emits at most
-    ``limits[b] - len(ids)`` tokens). Candidates come from the verified tokens a row could not
-    commit yet, the longest-suffix lookup over its text, then its pool (window n-grams first in
-    recency). Returns the layout and each row's input ids [B][L].
+    ``limits[b] - len(ids)`` tokens). Candidates sharing a prefix share its rows (a token tree)
+    in a batch of one; in a batch, every candidate gets rows of its own, and rows with fewer
+    candidates get filler chains. Returns the layout and each row's input ids [B][L].
     """
     g, n = choice
     wide = n > 1
     for row, limit in zip(rows, limits, strict=True):
-        cand_len = min(n - 1, limit - row.ids.shape[1] - 1)
-        if spec.max_positions is not None:
-            cand_len = min(cand_len, spec.max_positions - len(row.committed))
-        found: list[tuple[int, ...]] = []
-        if wide and cand_len > 0 and g > 0:
-            pooled = [row.carry] if row.carry else []
-            if row.context is not None:
-                pooled += row.context.candidates(row.committed, cand_len, g)
-            pooled += row.pool.candidates(row.t, g)
-            for candidate in pooled:
-                candidate = tuple(candidate[:cand_len])
-                if candidate and candidate not in found:
-                    found.append(candidate)
-        row.candidates = found[:g]
+        cap = _cap(row, n, spec, limit)
+        if wide and cap > 0 and g > 0:  # looked up as for the widest setting, as step_sizes does
+            pooled = _pooled(row, _cap(row, cfg.ngram_size, spec, limit), cfg.max_candidates)
+            row.candidates = _pick(pooled, g, cap)
+        else:
+            row.candidates = []
+    n_levels = _levels(rows, cfg, spec, wide)
+    window = rows[0].window.tokens() if n_levels else []
+    if use_tree(rows, cfg):
+        (row,) = rows
+        shape = tree_shape(row.candidates)
+        layout = build_layout(1, cfg.window_size, n_levels, shape=shape)
+        return layout, [[row.t, *window, *node_tokens(row.candidates, shape)]]
     n_candidates = max(len(row.candidates) for row in rows)
     cand_len = max((len(c) for row in rows for c in row.candidates), default=0)
-    n_levels = rows[0].window.n_levels if wide else 0
-    if spec.max_positions is not None and any(
-        len(row.committed) - 1 + n_levels + cfg.window_size - 1 > spec.max_positions for row in rows
-    ):
-        n_levels = 0  # the window would run past the position table: skip it this step
     layout = build_layout(1, cfg.window_size, n_levels, n_candidates, cand_len)
     step_ids = []
     for row in rows:

@@ -193,6 +193,7 @@ class WidthChooser:
     _since_probe: int = 0
     _interval: int = 0
     _matches: list = field(default_factory=lambda: [None])
+    _sizes: dict | None = None  # this step's input tokens per option, when the caller knows them
 
     @property
     def widest(self) -> tuple[int, int]:
@@ -204,7 +205,7 @@ class WidthChooser:
         pay (nearly) most if every candidate token were accepted (n tokens for the cost of its
         rows). Where width is nearly free (GPUs) that is the widest setting; on a CPU a narrow
         one, since a wide probe that loses costs several plain steps."""
-        potential = {c: c[1] / self.curve.ratio(self.rows(*c), self.batch) for c in self.options()}
+        potential = {c: c[1] / self.curve.ratio(self.size(*c), self.batch) for c in self.options()}
         top = max(potential.values())
         return max(c for c, p in potential.items() if p >= 0.95 * top)  # the widest near the top
 
@@ -216,6 +217,19 @@ class WidthChooser:
         """Input tokens per row of a step with g candidates of n - 1 tokens (and the window)."""
         levels = self.ngram_size - 1 if self.window_size else 0
         return build_layout(1, self.window_size, levels, g, n - 1).length
+
+    def size(self, g: int, n: int) -> int:
+        """Input tokens per row of (g, n) this step: as the caller counted them (a token tree
+        of the candidates at hand, see ``lookahead.rows.step_sizes``), else :meth:`rows`."""
+        if self._sizes is not None and (g, n) in self._sizes:
+            return self._sizes[(g, n)][0]
+        return self.rows(g, n)
+
+    def available(self, g: int, n: int) -> int:
+        """Candidates (g, n) would verify this step: at most g, fewer when fewer are at hand."""
+        if self._sizes is not None and (g, n) in self._sizes:
+            return self._sizes[(g, n)][1]
+        return g
 
     def expected_tokens(self, g: int, n: int, match: int | None = None) -> float:
         """Mean tokens a row emits with (g, n), over the observations made when the context's
@@ -232,22 +246,27 @@ class WidthChooser:
         contexts match earlier text as far as ``matches`` says."""
         if (g, n) == PLAIN:
             return 1.0
-        expected = sum(self.expected_tokens(g, n, m) for m in matches) / len(matches)
-        return expected / self.curve.ratio(self.rows(g, n), self.batch)
+        have = self.available(g, n)
+        expected = sum(self.expected_tokens(have, n, m) if have else 1.0 for m in matches) / len(matches)
+        return expected / self.curve.ratio(self.size(g, n), self.batch)
 
     def best(self, matches: Sequence[int | None] = (None,)) -> tuple[int, int]:
         return max([PLAIN, *self.options()], key=lambda choice: self.rate(*choice, matches))
 
-    def choose(self, matches: Sequence[int | None] = (None,)) -> tuple[int, int]:
-        """The setting for the next step; ``matches[b]``: row b's longest earlier-seen suffix."""
+    def choose(self, matches: Sequence[int | None] = (None,), sizes: dict | None = None) -> tuple[int, int]:
+        """The setting for the next step; ``matches[b]``: row b's longest earlier-seen suffix;
+        ``sizes``: each option's input tokens per row this step, when known (see :meth:`size`)."""
         self._since_probe += 1
         self._matches = list(matches)
+        self._sizes = sizes
         if not self.enabled or self.curve is None or self.max_candidates == 0 and not self.window_size:
             choice = self.widest
         elif not self.observations or self._since_probe >= max(self.probe_every, self._interval, self._budget()):
             choice = self.probe  # observe first, then probe now and then
         else:
             choice = self.best(matches)
+        if not self.window_size and choice != PLAIN and self.available(*choice) == 0:
+            choice = PLAIN  # no candidate at hand: the step is a plain one, and counted as such
         if choice == self.widest or self.enabled and self.curve is not None and choice == self.probe:
             self._since_probe = 0
         self.chosen[choice] += 1
@@ -256,13 +275,13 @@ class WidthChooser:
     def _budget(self) -> int:
         """Steps between probes that keep a losing probe's extra cost within ``probe_overhead`` of
         plain decoding's time (a (1,4) probe costs 1.9 plain steps alone, 3.3 in a batch of 8)."""
-        extra = self.curve.ratio(self.rows(*self.probe), self.batch) - 1.0
+        extra = self.curve.ratio(self.size(*self.probe), self.batch) - 1.0
         return math.ceil(extra / self.probe_overhead)
 
     def record(self, choice: tuple[int, int], cap: int, lengths: Sequence[int], match: int | None = None) -> None:
         """One row's outcome of a step run with ``choice``: ``lengths`` are the matched prefixes
         of the candidates it verified, ``cap`` their length, ``match`` its context's suffix match."""
-        if choice == PLAIN:
+        if choice == PLAIN or not lengths:  # no candidate verified: nothing learnt about acceptance
             return
         self.observations.append((match, cap, list(lengths)))
         while len(self.observations) > self.memory * self.batch:

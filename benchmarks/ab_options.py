@@ -1,7 +1,8 @@
-"""A/B: does the longest-suffix lookup pay? Lookahead() with and without it, against greedy and
-prompt lookup, alternating prompt by prompt (lookahead.bench), bf16 by default.
+"""A/B: does an option of Lookahead() pay? Lookahead() as it is and with each named option turned
+off, against greedy and prompt lookup, alternating prompt by prompt (lookahead.bench), bf16 by
+default. The options are Lookahead's keyword flags (context_lookup, token_tree, ...).
 
-    .venv/bin/python benchmarks/ab_candidates.py --n 8 --max-new-tokens 128
+    .venv/bin/python benchmarks/ab_options.py token_tree --n 8 --max-new-tokens 128
 """
 
 import argparse
@@ -13,6 +14,7 @@ from lookahead import Lookahead, bench, datasets, models
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("off", nargs="+", help="flags to turn off, one variant each (e.g. token_tree)")
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--model", default="smollm2")
@@ -21,17 +23,16 @@ def main() -> None:
     args = parser.parse_args()
     transformers.utils.logging.set_verbosity_error()
     model, tokenizer = models.load(args.model, dtype=args.dtype)
-    with_lookup, without = Lookahead(), Lookahead(context_lookup=False)
-    methods = [
-        *bench.methods_for()[:2],  # greedy, prompt lookup
-        bench.Method("auto", lambda: {"custom_generate": with_lookup}, with_lookup),
-        bench.Method("auto, no suffix lookup", lambda: {"custom_generate": without}, without),
-    ]
+    variants = {"auto": Lookahead(), **{f"auto, no {flag}": Lookahead(**{flag: False}) for flag in args.off}}
+    methods = bench.methods_for()[:2]  # greedy, prompt lookup
+    for name, lookahead in variants.items():
+        methods.append(bench.Method(name, lambda la=lookahead: {"custom_generate": la}, lookahead))
     for name in args.datasets:
         runs = bench.run_bench(model, tokenizer, datasets.load(name, args.n), methods, args.max_new_tokens, False)
         print(bench.markdown(bench.summarize(runs), f"{name} ({args.model}, {args.dtype}, n={args.n}, "
                              f"{args.max_new_tokens} new tokens)"))  # fmt: skip
-        print("settings chosen on the last prompt:", with_lookup.last_stats.settings, without.last_stats.settings)
+        for variant, lookahead in variants.items():
+            print(f"settings chosen on the last prompt, {variant}:", lookahead.last_stats.settings)
 
 
 if __name__ == "__main__":
