@@ -2,6 +2,7 @@
 bookkeeping, the rest of the loop. cProfile over one call on a HumanEval prompt.
 
     .venv/bin/python benchmarks/profile_step.py --dtype bfloat16 -W 4 -N 4 -G 4
+    .venv/bin/python benchmarks/profile_step.py --dtype bfloat16          # Lookahead(): auto
 """
 
 import argparse
@@ -16,6 +17,8 @@ GROUPS = {  # phase -> (file suffix, function name) pairs whose cumulative time 
     "forward (model)": [("runner.py", "step"), ("runner.py", "prefill")],
     "verification (scoring, processors, acceptance)": [("decoding.py", "_verify"), ("tuning.py", "match_lengths")],
     "pool, window, suffix lookup": [("rows.py", "plan_step"), ("decoding.py", "_pool_output"), ("window.py", "update")],
+    "auto-tuning (pricing options, choosing)": [("rows.py", "step_sizes"), ("tuning.py", "choose"),
+                                                ("tuning.py", "after_step"), ("tuning.py", "record")],
     "cache bookkeeping (gather, crop, drop rows)": [("runner.py", "commit"), ("runner.py", "select")],
     "emission (stopping criteria, output)": [("rows.py", "emit")],
 }
@@ -26,15 +29,17 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--prompt", type=int, default=3, help="HumanEval prompt index")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("-W", type=int, default=4)
-    parser.add_argument("-N", type=int, default=4)
-    parser.add_argument("-G", type=int, default=4)
+    parser.add_argument("-W", type=int, help="fixed W/N/G; none given: Lookahead() (auto)")
+    parser.add_argument("-N", type=int)
+    parser.add_argument("-G", type=int)
+    parser.add_argument("--off", nargs="*", default=[], help="Lookahead flags to turn off (e.g. token_tree)")
+    parser.add_argument("--dataset", default="humaneval", choices=["humaneval", "mtbench"])
     args = parser.parse_args()
     transformers.utils.logging.set_verbosity_error()
     model, tokenizer = models.load("smollm2", dtype=args.dtype)
-    prompt = datasets.humaneval(args.prompt + 1)[args.prompt]
+    prompt = datasets.load(args.dataset, args.prompt + 1)[args.prompt]
     inputs = datasets.encode(tokenizer, prompt)
-    lookahead = Lookahead(args.W, args.N, args.G)
+    lookahead = Lookahead(args.W, args.N, args.G, **dict.fromkeys(args.off, False))
     model.generate(**inputs, max_new_tokens=8, do_sample=False, custom_generate=lookahead)  # warm up
     profiler = cProfile.Profile()
     profiler.enable()
@@ -43,7 +48,8 @@ def main() -> None:
     stats = pstats.Stats(profiler).stats
     total = max(ct for (_, _, name), (_, _, _, ct, _) in stats.items() if name == "__call__" and ct)
     s = lookahead.last_stats
-    print(f"### Step profile: Lookahead({args.W},{args.N},{args.G}), {args.dtype}, HumanEval/{args.prompt}, "
+    name = "auto" if lookahead.config_for("cpu").adaptive else f"{args.W},{args.N},{args.G}"
+    print(f"### Step profile: Lookahead({name}), {args.dtype}, {args.dataset}/{args.prompt}, "
           f"{s.new_tokens} tokens in {s.steps} steps ({s.tokens_per_step:.2f} tokens/step)\n")  # fmt: skip
     print("| phase | seconds | share of the call | per step (ms) |\n|---|---|---|---|")
     accounted = 0.0
@@ -57,6 +63,7 @@ def main() -> None:
     rest = total - accounted
     print(f"| rest of the loop | {rest:.3f} | {rest / total:.1%} | {1000 * rest / s.steps:.2f} |")
     print(f"| **whole call** | {total:.3f} | 100% | {1000 * total / s.steps:.2f} |")
+    print(f"\nsettings chosen (steps): {s.settings}")
 
 
 if __name__ == "__main__":

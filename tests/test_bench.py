@@ -1,6 +1,7 @@
 """`lookahead bench` end to end on a tiny saved checkpoint: tables, JSON and plots are written."""
 
 import json
+import time
 
 from tiny_models import char_tokenizer, tiny_model
 
@@ -74,3 +75,17 @@ def test_bench_by_batch_size(tmp_path, capsys):
     assert two["meta"]["batch_size"] == 2
     table = (out / "mine-batches.md").read_text()
     assert "| 2 | lookahead(auto) |" in table and "| 1 | prompt_lookup(3) |" in table
+
+
+def test_peak_memory_sees_a_tensor_that_lived_inside_the_block():
+    import psutil
+    import torch
+
+    from lookahead.bench import PeakMemory
+
+    before = psutil.Process().memory_info().rss / 2**20
+    with PeakMemory(torch.device("cpu")) as memory:
+        block = torch.ones(300 * 2**20 // 4)  # 300 MB, touched
+        time.sleep(0.05)
+        del block
+    assert memory.peak >= before + 250

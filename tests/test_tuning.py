@@ -1,6 +1,8 @@
 """Auto-tuning: the chooser's model of the choice, and the cost curve it is built on."""
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from tiny_models import repetitive_prompt, tiny_model
 
 from lookahead import Lookahead
@@ -78,7 +80,9 @@ def test_batches_make_width_costlier():
     rate_one = WidthChooser(STEEP, 4, 4, batch=1)
     rate_eight = WidthChooser(STEEP, 4, 4, batch=8)
     for chooser in (rate_one, rate_eight):
-        chooser.observations.extend([(None, 3, [1, 0, 0, 0]), (None, 3, [0, 0, 0, 0])] * 4)  # E = 1.5 at (1, 2)
+        for _ in range(4):  # E = 1.5 at (1, 2)
+            chooser.record((4, 4), 3, [1, 0, 0, 0])
+            chooser.record((4, 4), 3, [0, 0, 0, 0])
     assert rate_one.rate(1, 2) > 1.0 > rate_eight.rate(1, 2)
 
 
@@ -129,7 +133,8 @@ def test_token_tree_sizes_make_shared_candidates_affordable():
     way: on rows of their own, 4 candidates of 3 tokens are 13 tokens (4.2x a plain step on
     STEEP) and lose to plain decoding; as a tree they are 7 tokens (2.6x) for 4 tokens and win."""
     chooser = WidthChooser(STEEP, max_candidates=4, ngram_size=4)
-    chooser.observations.extend([(None, 3, [0, 0, 0, 3])] * 8)
+    for _ in range(8):
+        chooser.record((4, 4), 3, [0, 0, 0, 3])
     chains = {(g, n): (chooser.rows(g, n), g) for g, n in chooser.options()}
     # as a tree: cut to 2 tokens they are all (5, 6), to 1 token all (5,)
     tree = {(g, n): {4: (3 + g, g), 3: (3, 1), 2: (2, 1)}[n] for g, n in chooser.options()}
@@ -141,7 +146,33 @@ def test_token_tree_sizes_make_shared_candidates_affordable():
 
 def test_no_candidate_at_hand_is_a_plain_step():
     chooser = WidthChooser(STEEP, max_candidates=4, ngram_size=4)
-    chooser.observations.extend([(None, 3, [3, 3, 3, 3])] * 8)  # everything accepted before
+    for _ in range(8):  # everything accepted before
+        chooser.record((4, 4), 3, [3, 3, 3, 3])
     none = {(g, n): (1, 0) for g, n in chooser.options()}  # but no candidate now
     assert chooser.choose(sizes=none) == PLAIN
     assert chooser.rate(4, 4) == 1.0
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([None, 0, 1, 2, 3]), st.integers(1, 3), st.lists(st.integers(0, 3), max_size=4)),
+        max_size=40,
+    ),
+    st.sampled_from([None, 0, 1, 2, 3]),
+)
+def test_expected_tokens_is_the_mean_over_the_matching_observations(observed, match):
+    """The tallies kept as observations come and go give the plain mean over the last ``memory``
+    observations of the bucket (all of them while the bucket has fewer than ``min_bucket``)."""
+    chooser = WidthChooser(STEEP, max_candidates=4, ngram_size=4, memory=16)
+    for m, cap, lengths in observed:
+        chooser.record((4, 4), cap, [min(a, cap) for a in lengths], m)
+    kept = [(m, cap, [min(a, cap) for a in lengths]) for m, cap, lengths in observed if lengths][-16:]
+    for g in range(0, 5):
+        for n in range(2, 5):
+            bucket = [o for o in kept if o[0] == match] if match is not None else []
+            if len(bucket) < chooser.min_bucket:
+                bucket = kept
+            want = (
+                sum(1 + min(n - 1, cap, max(a[:g], default=0)) for _, cap, a in bucket) / len(bucket) if bucket else 1.0
+            )
+            assert chooser.expected_tokens(g, n, match) == pytest.approx(want)

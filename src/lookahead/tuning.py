@@ -171,6 +171,7 @@ def match_lengths(candidates: Sequence[Sequence[int]], first: int, choice: Calla
 
 
 PLAIN = (0, 1)  # a one-token step: no candidates, no window
+ALL = "all"  # the bucket of every observation, whatever its context's match length
 
 
 @dataclass
@@ -189,6 +190,9 @@ class WidthChooser:
     min_bucket: int = 8  # observations a match length needs before it is judged on its own
     probe_overhead: float = 0.1  # most of plain decoding's time that losing probes may add
     observations: deque = field(default_factory=deque)  # (match, cap, lengths) per row and wide step
+    # tallies of the observations, kept as they come and go: _tally[bucket][g][v] = how many
+    # observations in ``bucket`` (a match length, or ALL) give min(cap, best of the first g) = v
+    _tally: dict = field(default_factory=dict)
     chosen: Counter = field(default_factory=Counter)  # (g, n) -> steps
     _since_probe: int = 0
     _interval: int = 0
@@ -234,12 +238,28 @@ class WidthChooser:
     def expected_tokens(self, g: int, n: int, match: int | None = None) -> float:
         """Mean tokens a row emits with (g, n), over the observations made when the context's
         longest earlier-seen suffix had length ``match`` (all observations while there are few)."""
-        observed = [o for o in self.observations if o[0] == match] if match is not None else []
-        if len(observed) < self.min_bucket:
-            observed = self.observations
-        if not observed:
+        if g <= 0:
+            return 1.0  # the window alone: its n-grams help later steps, not this one
+        bucket = self._tally.get(match) if match is not None else None
+        if bucket is None or bucket[0] < self.min_bucket:
+            bucket = self._tally.get(ALL)
+        if bucket is None or not bucket[0]:
             return 1.0
-        return sum(1 + min(n - 1, cap, max(a[:g], default=0)) for _, cap, a in observed) / len(observed)
+        counts = bucket[min(g, self.max_candidates)]
+        return 1 + sum(min(n - 1, v) * c for v, c in enumerate(counts)) / bucket[0]
+
+    def _count(self, observation: tuple, sign: int) -> None:
+        match, cap, lengths = observation
+        for key in {match, ALL}:
+            bucket = self._tally.get(key)
+            if bucket is None:  # [observations, then per g = 1..G a list of counts by value]
+                bucket = self._tally[key] = [0] + [[0] * self.ngram_size for _ in range(self.max_candidates)]
+            bucket[0] += sign
+            best = 0
+            for g in range(1, self.max_candidates + 1):
+                if g <= len(lengths):
+                    best = max(best, lengths[g - 1])
+                bucket[g][min(cap, best, self.ngram_size - 1)] += sign
 
     def rate(self, g: int, n: int, matches: Sequence[int | None] = (None,)) -> float:
         """Expected tokens per second relative to plain decoding (plain = 1), for rows whose
@@ -283,9 +303,11 @@ class WidthChooser:
         of the candidates it verified, ``cap`` their length, ``match`` its context's suffix match."""
         if choice == PLAIN or not lengths:  # no candidate verified: nothing learnt about acceptance
             return
-        self.observations.append((match, cap, list(lengths)))
+        observation = (match, cap, tuple(lengths))
+        self.observations.append(observation)
+        self._count(observation, 1)
         while len(self.observations) > self.memory * self.batch:
-            self.observations.popleft()
+            self._count(self.observations.popleft(), -1)
 
     def after_step(self, choice: tuple[int, int]) -> None:
         """Back off while probes of the widest setting keep losing to plain decoding."""
