@@ -17,8 +17,12 @@ GROUPS = {  # phase -> (file suffix, function name) pairs whose cumulative time 
     "forward (model)": [("runner.py", "step"), ("runner.py", "prefill")],
     "verification (scoring, processors, acceptance)": [("decoding.py", "_verify"), ("tuning.py", "match_lengths")],
     "pool, window, suffix lookup": [("rows.py", "plan_step"), ("decoding.py", "_pool_output"), ("window.py", "update")],
-    "auto-tuning (pricing options, choosing)": [("rows.py", "step_sizes"), ("tuning.py", "choose"),
-                                                ("tuning.py", "after_step"), ("tuning.py", "record")],
+    "auto-tuning (pricing options, choosing)": [
+        ("rows.py", "step_sizes"),
+        ("tuning.py", "choose"),
+        ("tuning.py", "after_step"),
+        ("tuning.py", "record"),
+    ],
     "cache bookkeeping (gather, crop, drop rows)": [("runner.py", "commit"), ("runner.py", "select")],
     "emission (stopping criteria, output)": [("rows.py", "emit")],
 }

@@ -161,18 +161,48 @@ def test_no_candidate_at_hand_is_a_plain_step():
     st.sampled_from([None, 0, 1, 2, 3]),
 )
 def test_expected_tokens_is_the_mean_over_the_matching_observations(observed, match):
-    """The tallies kept as observations come and go give the plain mean over the last ``memory``
-    observations of the bucket (all of them while the bucket has fewer than ``min_bucket``)."""
+    """The tallies kept as observations come and go give the mean over the last ``memory``
+    observations of the bucket, drawn towards the mean of all of them."""
     chooser = WidthChooser(STEEP, max_candidates=4, ngram_size=4, memory=16)
     for m, cap, lengths in observed:
         chooser.record((4, 4), cap, [min(a, cap) for a in lengths], m)
     kept = [(m, cap, [min(a, cap) for a in lengths]) for m, cap, lengths in observed if lengths][-16:]
+
+    def mean(observations, g, n):
+        return sum(1 + min(n - 1, cap, max(a[:g], default=0)) for _, cap, a in observations) / len(observations)
+
     for g in range(0, 5):
         for n in range(2, 5):
             bucket = [o for o in kept if o[0] == match] if match is not None else []
-            if len(bucket) < chooser.min_bucket:
-                bucket = kept
-            want = (
-                sum(1 + min(n - 1, cap, max(a[:g], default=0)) for _, cap, a in bucket) / len(bucket) if bucket else 1.0
-            )
+            if not kept or g == 0:
+                want = 1.0
+            elif not bucket:
+                want = mean(kept, g, n)
+            else:  # the bucket's mean, drawn towards the overall one with the weight of 2 observations
+                want = (mean(bucket, g, n) * len(bucket) + mean(kept, g, n) * 2) / (len(bucket) + 2)
             assert chooser.expected_tokens(g, n, match) == pytest.approx(want)
+
+
+def test_text_turning_repetitive_is_probed_again_soon():
+    """Probes that lost after new tokens (match length 0) back off to every 64 steps; once the
+    context repeats a 3-token suffix, the next probe comes after the usual spacing, and one win
+    there is enough to go wide while the text keeps repeating."""
+    chooser = WidthChooser(STEEP, max_candidates=4, ngram_size=4)
+
+    def run(steps, match, lengths_for):
+        choices = []
+        for _ in range(steps):
+            choice = chooser.choose((match,))
+            if choice != PLAIN:
+                chooser.record(choice, choice[1] - 1, lengths_for(*choice)[: choice[0]], match)
+            chooser.after_step(choice)
+            choices.append(choice)
+        return choices
+
+    first = run(200, 0, lambda g, n: [0] * g)
+    probes = [i for i, c in enumerate(first) if c != PLAIN]
+    assert probes[-1] - probes[-2] == 64
+    repetitive = run(40, 3, lambda g, n: [n - 1] + [0] * (g - 1))
+    first_probe = next(i for i, c in enumerate(repetitive) if c != PLAIN)
+    assert first_probe <= 10  # the (1,4) probe's budget on STEEP: ceil(0.9 / 0.1)
+    assert all(c != PLAIN for c in repetitive[first_probe:])

@@ -19,14 +19,22 @@ accepted or not), so one wide step informs every narrower setting. Observations 
 by the length of the context's longest suffix seen earlier in the text (0-3,
 ``lookup.ContextIndex.match_length``): after a repeated 3-token suffix the first candidate is
 usually right, after a new token rarely, so the same rule picks a wide step in the first case
-and a plain one in the second (prompt lookup decoding hard-codes a version of this). In a batch,
+and a plain one in the second (prompt lookup decoding hard-codes a version of this). A match
+length's own mean is drawn towards the mean of all observations with the weight of ``prior``
+(2) observations, so a first success after a longer repeated suffix already counts. In a batch,
 the expectation is the mean over its rows.
 
+For a single sequence, k(g, n) is the size of the step it would really run: its candidates
+merged into a token tree (shared prefixes cost one row, see ``lookahead.layout``), and an option
+with no candidate at hand is a plain step.
+
 The chooser runs the setting with the highest rate, including plain steps; every
-``probe_every`` steps it runs a probe (the setting with the best rate were every candidate token
-accepted) to keep the observations fresh, never more often than keeps a losing probe's extra cost
-under ``probe_overhead`` (10%) of plain decoding, and while probes keep losing the interval
-doubles (up to ``max_interval``). The output never depends on the choice: only the speed does.
+``probe_every`` steps it runs a probe (the widest setting that could pay nearly most were every
+candidate token accepted) to keep the observations fresh, never more often than keeps a losing
+probe's extra cost under ``probe_overhead`` (10%) of plain decoding; while probes keep losing
+the interval doubles (up to ``max_interval``), separately for each match length, so that text
+turning repetitive is probed again soon. The output never depends on the choice: only the speed
+does.
 """
 
 from __future__ import annotations
@@ -187,7 +195,7 @@ class WidthChooser:
     probe_every: int = 8
     max_interval: int = 64
     memory: int = 128
-    min_bucket: int = 8  # observations a match length needs before it is judged on its own
+    prior: float = 2.0  # weight, in observations, of all observations' mean in a match length's estimate
     probe_overhead: float = 0.1  # most of plain decoding's time that losing probes may add
     observations: deque = field(default_factory=deque)  # (match, cap, lengths) per row and wide step
     # tallies of the observations, kept as they come and go: _tally[bucket][g][v] = how many
@@ -195,7 +203,8 @@ class WidthChooser:
     _tally: dict = field(default_factory=dict)
     chosen: Counter = field(default_factory=Counter)  # (g, n) -> steps
     _since_probe: int = 0
-    _interval: int = 0
+    _interval: dict = field(default_factory=dict)  # probe back-off per match length (None: batches)
+    _bucket: int | None = None  # the match length probes are judged for this step
     _matches: list = field(default_factory=lambda: [None])
     _sizes: dict | None = None  # this step's input tokens per option, when the caller knows them
 
@@ -236,17 +245,25 @@ class WidthChooser:
         return g
 
     def expected_tokens(self, g: int, n: int, match: int | None = None) -> float:
-        """Mean tokens a row emits with (g, n), over the observations made when the context's
-        longest earlier-seen suffix had length ``match`` (all observations while there are few)."""
+        """Mean tokens a row emits with (g, n) when the context's longest earlier-seen suffix has
+        length ``match``: the mean over that match length's observations, drawn towards the mean
+        over all of them with the weight of ``prior`` observations (so one or two observations of
+        a new match length already move it; many decide it alone)."""
         if g <= 0:
             return 1.0  # the window alone: its n-grams help later steps, not this one
-        bucket = self._tally.get(match) if match is not None else None
-        if bucket is None or bucket[0] < self.min_bucket:
-            bucket = self._tally.get(ALL)
-        if bucket is None or not bucket[0]:
+        overall = self._tally.get(ALL)
+        if overall is None or not overall[0]:
             return 1.0
-        counts = bucket[min(g, self.max_candidates)]
-        return 1 + sum(min(n - 1, v) * c for v, c in enumerate(counts)) / bucket[0]
+        g = min(g, self.max_candidates)
+        mean = self._mean(overall, g, n)
+        bucket = self._tally.get(match) if match is not None else None
+        if bucket is None or not bucket[0]:
+            return mean
+        return (self._mean(bucket, g, n) * bucket[0] + mean * self.prior) / (bucket[0] + self.prior)
+
+    @staticmethod
+    def _mean(bucket: list, g: int, n: int) -> float:
+        return 1 + sum(min(n - 1, v) * c for v, c in enumerate(bucket[g])) / bucket[0]
 
     def _count(self, observation: tuple, sign: int) -> None:
         match, cap, lengths = observation
@@ -279,9 +296,14 @@ class WidthChooser:
         self._since_probe += 1
         self._matches = list(matches)
         self._sizes = sizes
+        # a probe is judged, and backed off, per match length: a repeated suffix where probes
+        # lost before is no reason not to try after a longer one (a batch mixes them: one state)
+        self._bucket = matches[0] if len(matches) == 1 else None
         if not self.enabled or self.curve is None or self.max_candidates == 0 and not self.window_size:
             choice = self.widest
-        elif not self.observations or self._since_probe >= max(self.probe_every, self._interval, self._budget()):
+        elif not self.observations or self._since_probe >= max(
+            self.probe_every, self._interval.get(self._bucket, 0), self._budget()
+        ):
             choice = self.probe  # observe first, then probe now and then
         else:
             choice = self.best(matches)
@@ -313,7 +335,9 @@ class WidthChooser:
         """Back off while probes of the widest setting keep losing to plain decoding."""
         if self.enabled and self.curve is not None and choice == self.probe:
             paid = self.best(self._matches) != PLAIN
-            self._interval = 0 if paid else min(self.max_interval, 2 * max(self._interval, self.probe_every // 2))
+            interval = self._interval.get(self._bucket, 0)
+            interval = 0 if paid else min(self.max_interval, 2 * max(interval, self.probe_every // 2))
+            self._interval[self._bucket] = interval
 
     @property
     def wide_steps(self) -> int:

@@ -1,0 +1,69 @@
+"""Modeled speed, free of timing noise: Lookahead() variants run in fp32 (so every variant emits the
+same text, plain greedy's), while the tuner decides with the stored bf16 cost curve and every step is
+priced with it: modeled speedup = new tokens / sum over steps of T(k)/T(1). It is what the bf16 run
+would do on the same text; the bf16 bench then checks it against the clock. Needs the bf16 curve in
+$LOOKAHEAD_CACHE/cost-curves.json (any bf16 run of Lookahead() on the model stores it).
+
+    .venv/bin/python benchmarks/modeled_speed.py --n 10 --off token_tree
+"""
+
+import argparse
+import json
+import statistics
+
+import transformers
+
+from lookahead import Lookahead, datasets, decoding, models, tuning
+from lookahead.runner import DecoderRunner
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, default=10)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--datasets", nargs="+", default=["humaneval", "mtbench"])
+    parser.add_argument("--off", nargs="*", default=[], help="Lookahead flags to turn off, one variant each")
+    args = parser.parse_args()
+    transformers.utils.logging.set_verbosity_error()
+    model, tokenizer = models.load(args.model, dtype="float32")
+    stored = json.loads((models.cache_dir() / "cost-curves.json").read_text())
+    key = next(k for k in stored if args.model in k.lower() and "bfloat16" in k)
+    curve = tuning.CostCurve(tuple((int(k), float(s)) for k, s in stored[key]))
+    decoding.cost_curve = lambda model, make_step: curve  # the tuner decides as in the bf16 run
+    cost = [0.0]
+    step = DecoderRunner.step
+
+    def priced(self, layout, step_ids):
+        cost[0] += curve.ratio(layout.length, len(step_ids))
+        return step(self, layout, step_ids)
+
+    DecoderRunner.step = priced
+    variants = {"auto": {}, **{f"auto, no {flag}": {flag: False} for flag in args.off}}
+    print(f"bf16 curve {key}: T(k)/T(1) = " + ", ".join(f"{k}: {curve.ratio(k):.2f}" for k in (2, 4, 8, 16)))
+    print("\n| dataset | variant | modeled speedup (median) | (mean) | tokens/step | wide steps |")
+    print("|---|---|---|---|---|---|")
+    for name in args.datasets:
+        prompts = datasets.load(name, args.n)
+        results = {v: [] for v in variants}
+        for prompt in prompts:
+            inputs = datasets.encode(tokenizer, prompt)
+            outputs = []
+            for variant, flags in variants.items():
+                lookahead = Lookahead(**flags)
+                cost[0] = 0.0
+                out = model.generate(**inputs, max_new_tokens=args.max_new_tokens, do_sample=False,
+                                     custom_generate=lookahead)  # fmt: skip
+                s = lookahead.last_stats
+                results[variant].append((s.new_tokens - 1, cost[0], s.tokens_per_step, s.wide_steps / s.steps))
+                outputs.append(out.tolist())
+            assert all(o == outputs[0] for o in outputs), "variants must emit the same text"
+        for variant, rows in results.items():
+            ratios = [tokens / c for tokens, c, _, _ in rows]
+            per_step, wide = statistics.mean(r[2] for r in rows), statistics.mean(r[3] for r in rows)
+            print(f"| {name} | {variant} | {statistics.median(ratios):.3f}x | {statistics.mean(ratios):.3f}x | "
+                  f"{per_step:.2f} | {wide:.0%} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
