@@ -2,7 +2,7 @@
 step's candidates counted as separate chains and as a tree (one row per distinct prefix). Rows are
 what a step costs where the cost curve is steep, and what bounds G where it is flat.
 
-    .venv/bin/python benchmarks/tree_rows.py --n 5 --max-new-tokens 128 --settings 0,4,4 15,5,15
+    .venv/bin/python benchmarks/tree_rows.py --n 5 --max-new-tokens 64 --settings 0,4,4 0,5,15
 """
 
 import argparse
@@ -16,11 +16,11 @@ from lookahead.runner import DecoderRunner
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=5)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--datasets", nargs="+", default=["humaneval", "mtbench"])
-    parser.add_argument("--settings", nargs="+", default=["0,4,4", "15,5,15"])
+    parser.add_argument("--settings", nargs="+", default=["0,4,4", "0,5,15"])
     args = parser.parse_args()
     transformers.utils.logging.set_verbosity_error()
     model, tokenizer = models.load(args.model, dtype=args.dtype)

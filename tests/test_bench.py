@@ -50,6 +50,10 @@ def test_bench_writes_json_markdown_and_plot(tmp_path, capsys):
     assert (out / "mine.png").stat().st_size > 10_000
     table = (out / "mine.md").read_text()
     assert "| lookahead(2,3,2) |" in table and "speedup vs greedy" in table
+    auto = next(row for row in report["summary"] if row["method"] == "lookahead(auto)")
+    runs = [r for r in report["runs"] if r["method"] == "lookahead(auto)"]
+    assert sum(auto["settings"].values()) == sum(sum(r["settings"].values()) for r in runs) > 0
+    assert "Steps by setting, lookahead(auto):" in table
     assert "| greedy |" in capsys.readouterr().out
 
 

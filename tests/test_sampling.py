@@ -151,6 +151,32 @@ def test_same_seed_same_output():
     assert outs[0] == outs[1]
 
 
+def test_token_tree_samples_as_the_same_candidates_on_their_own_rows(monkeypatch):
+    """Shared rows give each candidate the same distributions as rows of its own: with the same
+    seed, tree and chains draw the same tokens (random numbers are used identically), with
+    processors that read the candidate's prefix; and the tree did share rows."""
+    from lookahead.runner import DecoderRunner
+
+    shared = []
+    step = DecoderRunner.step
+
+    def counting(self, layout, step_ids):
+        shared.append(sum(len(c) for c in layout.candidate_rows) - len(layout.node_rows))
+        return step(self, layout, step_ids)
+
+    monkeypatch.setattr(DecoderRunner, "step", counting)
+    model = sharp_model()
+    for seed in range(4):
+        outs = []
+        for tree in (True, False):
+            torch.manual_seed(seed)
+            lookahead = Lookahead(0, 4, 6, token_tree=tree)
+            kwargs = dict(do_sample=True, max_new_tokens=30, temperature=0.8, repetition_penalty=1.2)
+            outs.append(model.generate(PROMPT, custom_generate=lookahead, **kwargs).tolist())
+        assert outs[0] == outs[1], seed
+    assert sum(shared) > 0
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [

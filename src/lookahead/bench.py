@@ -41,6 +41,7 @@ class Run:
     tokens_per_step: float | None = None
     accepted_hist: list[int] = field(default_factory=list)
     wide_share: float | None = None  # share of lookahead steps that were wide (the rest: plain)
+    settings: dict[str, int] | None = None  # steps per setting the tuner chose ("plain", "G=1,N=4", ...)
 
     @property
     def tokens_per_second(self) -> float:
@@ -159,6 +160,7 @@ def run_bench(
                     tokens_per_step=stats.tokens_per_step if stats else None,
                     accepted_hist=list(stats.accepted_hist) if stats else [],
                     wide_share=stats.wide_steps / max(1, stats.steps - 1) if stats else None,
+                    settings=dict(stats.settings) if stats else None,
                 )
             )
             bar.update()
@@ -175,13 +177,17 @@ def summarize(runs: list[Run]) -> list[dict]:
         hists = [r.accepted_hist for r in mine if r.accepted_hist]
         hist = [sum(col) for col in zip(*hists, strict=True)] if hists else []
         steps = [r.new_tokens / r.tokens_per_step for r in mine if r.tokens_per_step]
+        ratios = [greedy[r.prompt].seconds / r.seconds * r.new_tokens / greedy[r.prompt].new_tokens for r in mine]
+        settings: dict[str, int] = {}
+        for r in mine:
+            for key, count in (r.settings or {}).items():
+                settings[key] = settings.get(key, 0) + count
         rows.append(
             {
                 "method": name,
                 "tokens_per_second": statistics.median(r.tokens_per_second for r in mine),
-                "speedup": statistics.median(
-                    greedy[r.prompt].seconds / r.seconds * r.new_tokens / greedy[r.prompt].new_tokens for r in mine
-                ),
+                "speedup": statistics.median(ratios),
+                "speedup_geomean": statistics.geometric_mean(ratios),
                 # known for lookahead (its stats) and greedy (1); prompt lookup does not report it
                 "tokens_per_step": sum(r.new_tokens for r in mine) / sum(steps)
                 if steps
@@ -191,6 +197,7 @@ def summarize(runs: list[Run]) -> list[dict]:
                 "peak_mb": max(r.peak_mb for r in mine),
                 "throughput": sum(r.new_tokens for r in mine) / sum(r.seconds for r in mine),
                 "wide_share": statistics.mean(r.wide_share for r in mine) if mine[0].wide_share is not None else None,
+                "settings": dict(sorted(settings.items(), key=lambda kv: -kv[1])) or None,
             }
         )
     return rows
@@ -200,17 +207,24 @@ def markdown(rows: list[dict], title: str) -> str:
     lines = [
         f"### {title}",
         "",
-        "| method | tokens/s (median) | speedup vs greedy (median) | tokens/step | accepted-length histogram "
-        "| identical to greedy | peak memory (MB) |",
-        "|---|---|---|---|---|---|---|",
+        "| method | tokens/s (median) | speedup vs greedy (median) | (geometric mean) | tokens/step "
+        "| accepted-length histogram | identical to greedy | peak memory (MB) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         hist = " ".join(str(x) for x in r["accepted_hist"]) or "-"
         per_step = "-" if r["tokens_per_step"] is None else f"{r['tokens_per_step']:.2f}"
         lines.append(
-            f"| {r['method']} | {r['tokens_per_second']:.1f} | {r['speedup']:.2f}x | {per_step} | {hist} "
-            f"| {r['identical']:.0%} | {r['peak_mb']:.0f} |"
+            f"| {r['method']} | {r['tokens_per_second']:.1f} | {r['speedup']:.2f}x | {r['speedup_geomean']:.2f}x "
+            f"| {per_step} | {hist} | {r['identical']:.0%} | {r['peak_mb']:.0f} |"
         )
+    chosen = [r for r in rows if r.get("settings")]
+    if chosen:
+        lines.append("")
+        for r in chosen:
+            total = sum(r["settings"].values())
+            shares = ", ".join(f"{k} {v / total:.0%}" for k, v in r["settings"].items())
+            lines.append(f"Steps by setting, {r['method']}: {shares}.")
     return "\n".join(lines) + "\n"
 
 

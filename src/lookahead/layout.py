@@ -15,7 +15,8 @@ What each row sees inside the step (every row also sees the whole KV cache):
   (column 0 of level 0 *is* t, so a column reads as one contiguous run of positions);
 * candidate k, token j sees the prefix and tokens 0..j of candidate k.
 
-Nothing crosses between the lookahead and verification branches, or between candidates.
+Nothing crosses between the lookahead and verification branches, or between candidates (but
+candidates sharing a prefix may share its rows, below).
 
 **Token tree.** Candidates that share a prefix may share its rows (``shape``, see
 :func:`tree_shape`): ``(5, 9)`` and ``(5, 6)`` become the rows ``5 -> 9`` and ``5 -> 6``, with
@@ -60,7 +61,7 @@ class StepLayout:
     t_row: int  # row of t, the last prefix token
     last_level_rows: tuple[int, ...]  # W rows whose outputs form the next window level
     level_rows: tuple[tuple[int, ...], ...]  # rows of each filled level (level 0 excludes t)
-    candidate_rows: tuple[tuple[int, ...], ...]  # [g][candidate_len]
+    candidate_rows: tuple[tuple[int, ...], ...]  # [g][len of candidate k]: its rows, shared prefixes shared
     length: int  # L
     logit_rows: torch.Tensor  # [K] sorted rows whose logits are used: t, last level, candidates
     logit_index: dict[int, int]  # row -> index into logit_rows

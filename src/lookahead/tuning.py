@@ -25,8 +25,8 @@ length's own mean is drawn towards the mean of all observations with the weight 
 the expectation is the mean over its rows.
 
 For a single sequence, k(g, n) is the size of the step it would really run: its candidates
-merged into a token tree (shared prefixes cost one row, see ``lookahead.layout``), and an option
-with no candidate at hand is a plain step.
+merged into a token tree (shared prefixes cost one row, see ``lookahead.layout``); an option with
+no candidate at hand expects one token, and without a window it runs as a plain step.
 
 The chooser runs the setting with the highest rate, including plain steps; every
 ``probe_every`` steps it runs a probe (the widest setting that could pay nearly most were every
@@ -197,7 +197,7 @@ class WidthChooser:
     memory: int = 128
     prior: float = 2.0  # weight, in observations, of all observations' mean in a match length's estimate
     probe_overhead: float = 0.1  # most of plain decoding's time that losing probes may add
-    observations: deque = field(default_factory=deque)  # (match, cap, lengths) per row and wide step
+    observations: deque = field(default_factory=deque)  # (match, cap, lengths) per row that verified candidates
     # tallies of the observations, kept as they come and go: _tally[bucket][g][v] = how many
     # observations in ``bucket`` (a match length, or ALL) give min(cap, best of the first g) = v
     _tally: dict = field(default_factory=dict)
@@ -205,6 +205,7 @@ class WidthChooser:
     _since_probe: int = 0
     _interval: dict = field(default_factory=dict)  # probe back-off per match length (None: batches)
     _bucket: int | None = None  # the match length probes are judged for this step
+    _observed: bool = False  # whether this step recorded an observation
     _matches: list = field(default_factory=lambda: [None])
     _sizes: dict | None = None  # this step's input tokens per option, when the caller knows them
 
@@ -299,6 +300,7 @@ class WidthChooser:
         # a probe is judged, and backed off, per match length: a repeated suffix where probes
         # lost before is no reason not to try after a longer one (a batch mixes them: one state)
         self._bucket = matches[0] if len(matches) == 1 else None
+        self._observed = False
         if not self.enabled or self.curve is None or self.max_candidates == 0 and not self.window_size:
             choice = self.widest
         elif not self.observations or self._since_probe >= max(
@@ -326,14 +328,16 @@ class WidthChooser:
         if choice == PLAIN or not lengths:  # no candidate verified: nothing learnt about acceptance
             return
         observation = (match, cap, tuple(lengths))
+        self._observed = True
         self.observations.append(observation)
         self._count(observation, 1)
         while len(self.observations) > self.memory * self.batch:
             self._count(self.observations.popleft(), -1)
 
     def after_step(self, choice: tuple[int, int]) -> None:
-        """Back off while probes of the widest setting keep losing to plain decoding."""
-        if self.enabled and self.curve is not None and choice == self.probe:
+        """Back off, for this step's match length, while probes keep losing to plain decoding; a
+        probe that verified no candidate (the window alone) observed nothing and is not judged."""
+        if self.enabled and self.curve is not None and choice == self.probe and self._observed:
             paid = self.best(self._matches) != PLAIN
             interval = self._interval.get(self._bucket, 0)
             interval = 0 if paid else min(self.max_interval, 2 * max(interval, self.probe_every // 2))
