@@ -5,6 +5,10 @@ would do on the same text; the bf16 bench then checks it against the clock. Need
 $LOOKAHEAD_CACHE/cost-curves.json (any bf16 run of Lookahead() on the model stores it).
 
     .venv/bin/python benchmarks/modeled_speed.py --n 10 --off token_tree
+
+``--true-excess F`` prices the steps with a curve whose extra cost over a plain step is F times the
+stored one's (T'(k) = T(1) + F (T(k) - T(1))) while the tuner still decides with the stored curve:
+what a miscalibrated curve costs; add ``--decide-true`` to let the tuner decide with the true one.
 """
 
 import argparse
@@ -24,18 +28,23 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--datasets", nargs="+", default=["humaneval", "mtbench"])
     parser.add_argument("--off", nargs="*", default=[], help="Lookahead flags to turn off, one variant each")
+    parser.add_argument("--true-excess", type=float, default=1.0, help="price steps with this much extra cost")
+    parser.add_argument("--decide-true", action="store_true", help="the tuner decides with the priced curve")
     args = parser.parse_args()
     transformers.utils.logging.set_verbosity_error()
     model, tokenizer = models.load(args.model, dtype="float32")
     stored = json.loads((models.cache_dir() / "cost-curves.json").read_text())
     key = next(k for k in stored if args.model in k.lower() and "bfloat16" in k)
     curve = tuning.CostCurve(tuple((int(k), float(s)) for k, s in stored[key]))
-    decoding.cost_curve = lambda model, make_step: curve  # the tuner decides as in the bf16 run
+    t1 = curve(1)
+    true = tuning.CostCurve(tuple((k, t1 + (s - t1) * args.true_excess) for k, s in curve.points))
+    decide = true if args.decide_true else curve
+    decoding.cost_curve = lambda model, make_step: decide  # the tuner decides as in the bf16 run
     cost = [0.0]
     step = DecoderRunner.step
 
     def priced(self, layout, step_ids):
-        cost[0] += curve.ratio(layout.length, len(step_ids))
+        cost[0] += true.ratio(layout.length, len(step_ids))
         return step(self, layout, step_ids)
 
     DecoderRunner.step = priced
