@@ -39,7 +39,7 @@ def main() -> None:
     t1 = curve(1)
     true = tuning.CostCurve(tuple((k, t1 + (s - t1) * args.true_excess) for k, s in curve.points))
     decide = true if args.decide_true else curve
-    decoding.cost_curve = lambda model, make_step: decide  # the tuner decides as in the bf16 run
+    decoding.cost_curve = lambda model, make_step: decide  # as the bf16 run would (or with the priced curve)
     cost = [0.0]
     step = DecoderRunner.step
 
