@@ -15,16 +15,20 @@ from lookahead import Lookahead, datasets, models
 
 GROUPS = {  # phase -> (file suffix, function name) pairs whose cumulative time it is
     "forward (model)": [("runner.py", "step"), ("runner.py", "prefill")],
-    "verification (scoring, processors, acceptance)": [("decoding.py", "_verify"), ("tuning.py", "match_lengths")],
-    "pool, window, suffix lookup": [("rows.py", "plan_step"), ("decoding.py", "_pool_output"), ("window.py", "update")],
+    "verification (scoring, processors, acceptance)": [("engine.py", "_verify"), ("tuning.py", "match_lengths")],
+    "pool, window, suffix lookup": [
+        ("sequences.py", "plan_step"),
+        ("engine.py", "_pool_output"),
+        ("window.py", "update"),
+    ],
     "auto-tuning (pricing options, choosing)": [
-        ("rows.py", "step_sizes"),
+        ("sequences.py", "step_sizes"),
         ("tuning.py", "choose"),
         ("tuning.py", "after_step"),
         ("tuning.py", "record"),
     ],
     "cache bookkeeping (gather, crop, drop rows)": [("runner.py", "commit"), ("runner.py", "select")],
-    "emission (stopping criteria, output)": [("rows.py", "emit")],
+    "emission (stopping criteria, output)": [("sequences.py", "emit")],
 }
 
 

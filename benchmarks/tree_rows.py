@@ -28,10 +28,10 @@ def main() -> None:
     original = DecoderRunner.step
 
     def step(self, layout, step_ids):
-        if layout.candidate_rows:
+        if layout.candidate_slots:
             counts["steps"] += 1
-            counts["chains"] += sum(len(c) for c in layout.candidate_rows)
-            counts["tree"] += len(layout.node_rows)
+            counts["chains"] += sum(len(c) for c in layout.candidate_slots)
+            counts["tree"] += len(layout.node_slots)
             counts["input"] += layout.length
         return original(self, layout, step_ids)
 

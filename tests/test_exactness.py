@@ -113,7 +113,7 @@ def test_token_trees_match_greedy(arch, monkeypatch):
     original = DecoderRunner.step
 
     def step(self, layout, step_ids):
-        steps.append((sum(len(c) for c in layout.candidate_rows), len(layout.node_rows)))
+        steps.append((sum(len(c) for c in layout.candidate_slots), len(layout.node_slots)))
         return original(self, layout, step_ids)
 
     monkeypatch.setattr(DecoderRunner, "step", step)

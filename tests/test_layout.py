@@ -17,10 +17,10 @@ def test_positions_match_the_paper_example():
     layout = build_layout(1, 5, 3, 2, 3)
     assert layout.positions.tolist() == [0, 1, 2, 3, 4] + [1, 2, 3, 4, 5] + [2, 3, 4, 5, 6] + [1, 2, 3] * 2
     assert layout.length == 21
-    assert layout.t_row == 0
-    assert layout.level_rows == ((1, 2, 3, 4), (5, 6, 7, 8, 9), (10, 11, 12, 13, 14))
-    assert layout.candidate_rows == ((15, 16, 17), (18, 19, 20))
-    assert layout.last_level_rows == (10, 11, 12, 13, 14)
+    assert layout.t_slot == 0
+    assert layout.level_slots == ((1, 2, 3, 4), (5, 6, 7, 8, 9), (10, 11, 12, 13, 14))
+    assert layout.candidate_slots == ((15, 16, 17), (18, 19, 20))
+    assert layout.last_level_slots == (10, 11, 12, 13, 14)
 
 
 def test_mask_rows_hand_checked():
@@ -36,24 +36,24 @@ def test_mask_rows_hand_checked():
 
 def test_logits_only_for_used_rows():
     layout = build_layout(1, 5, 3, 2, 3)
-    assert layout.logit_rows.tolist() == [0, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
+    assert layout.logit_slots.tolist() == [0, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
     assert layout.logit_index[10] == 1
     assert layout.candidate_position[19] == (1, 1)
     # while the window holds level 0 only, t's row is column 0 of the last level
     warm = build_layout(1, 4, 1, 0, 0)
-    assert warm.last_level_rows == (0, 1, 2, 3)
+    assert warm.last_level_slots == (0, 1, 2, 3)
 
 
 def test_edge_settings():
     plain = build_layout(1, 0, 0, 0, 0)  # W=0, G=0: plain decoding
-    assert plain.length == 1 and plain.last_level_rows == () and plain.candidate_rows == ()
+    assert plain.length == 1 and plain.last_level_slots == () and plain.candidate_slots == ()
     narrow = build_layout(1, 1, 3, 1, 3)  # W=1: one column, level 0 is empty
     assert narrow.positions.tolist() == [0, 1, 2, 1, 2, 3]
-    assert narrow.last_level_rows == (2,)
+    assert narrow.last_level_slots == (2,)
     assert visible(narrow, 2) == {0, 1, 2}
     prefix = build_layout(3, 2, 2, 1, 1)  # three uncached tokens, t is the last
     assert prefix.positions.tolist() == [-2, -1, 0, 1, 1, 2, 1]
-    assert prefix.t_row == 2
+    assert prefix.t_slot == 2
 
 
 @given(
@@ -82,12 +82,12 @@ def test_every_row_sees_exactly_one_token_per_earlier_position(n_prefix, window,
 )
 def test_branches_and_candidates_never_see_each_other(window, n_levels, n_candidates, candidate_len):
     layout = build_layout(1, window, n_levels, n_candidates, candidate_len)
-    window_rows = {r for level in layout.level_rows for r in level}
-    for k, cand in enumerate(layout.candidate_rows):
-        others = {r for j, c in enumerate(layout.candidate_rows) if j != k for r in c}
+    window_rows = {r for level in layout.level_slots for r in level}
+    for k, cand in enumerate(layout.candidate_slots):
+        others = {r for j, c in enumerate(layout.candidate_slots) if j != k for r in c}
         for row in cand:
             assert not visible(layout, row) & (window_rows | others)
-    cand_rows = {r for c in layout.candidate_rows for r in c}
+    cand_rows = {r for c in layout.candidate_slots for r in c}
     for row in window_rows:
         assert not visible(layout, row) & cand_rows
 
@@ -100,11 +100,11 @@ def test_token_tree_hand_checked():
     layout = build_layout(1, 0, 0, shape=shape)
     assert layout.length == 9  # t + 8 nodes: the shared 5 costs one row, not two
     assert layout.positions.tolist() == [0, 1, 2, 3, 2, 3, 1, 2, 3]
-    assert layout.candidate_rows == ((1, 2, 3), (1, 4, 5), (6, 7, 8))
+    assert layout.candidate_slots == ((1, 2, 3), (1, 4, 5), (6, 7, 8))
     assert visible(layout, 5) == {0, 1, 4, 5}  # 1 after 6 after the shared 5: not 9 or 2
     assert visible(layout, 2) == {0, 1, 2}
     assert layout.candidate_position[1] == (0, 0) and layout.candidate_position[4] == (1, 1)
-    assert layout.logit_rows.tolist() == list(range(9))
+    assert layout.logit_slots.tolist() == list(range(9))
 
 
 def test_chain_shape_is_the_untreed_layout():
@@ -133,11 +133,11 @@ def test_every_tree_path_reads_as_its_candidate_alone(window, n_levels, candidat
     layout = build_layout(1, window, n_levels, shape=shape)
     tokens = node_tokens(candidates, shape)
     n_prefixes = len({tuple(c[: j + 1]) for c in candidates for j in range(len(c))})
-    assert len(layout.node_rows) == n_prefixes == len(tokens)
-    window_rows = {r for level in layout.level_rows for r in level}
-    for candidate, rows in zip(candidates, layout.candidate_rows, strict=True):
-        assert [tokens[layout.node_rows.index(r)] for r in rows] == candidate
+    assert len(layout.node_slots) == n_prefixes == len(tokens)
+    window_rows = {r for level in layout.level_slots for r in level}
+    for candidate, rows in zip(candidates, layout.candidate_slots, strict=True):
+        assert [tokens[layout.node_slots.index(r)] for r in rows] == candidate
         for j, row in enumerate(rows):
-            assert visible(layout, row) == {layout.t_row, *rows[: j + 1]}
+            assert visible(layout, row) == {layout.t_slot, *rows[: j + 1]}
             assert layout.positions[row] == j + 1
             assert not visible(layout, row) & window_rows

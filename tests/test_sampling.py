@@ -161,7 +161,7 @@ def test_token_tree_samples_as_the_same_candidates_on_their_own_rows(monkeypatch
     step = DecoderRunner.step
 
     def counting(self, layout, step_ids):
-        shared.append(sum(len(c) for c in layout.candidate_rows) - len(layout.node_rows))
+        shared.append(sum(len(c) for c in layout.candidate_slots) - len(layout.node_slots))
         return step(self, layout, step_ids)
 
     monkeypatch.setattr(DecoderRunner, "step", counting)

@@ -1,19 +1,14 @@
 """The lookahead decoding loop, handed to ``model.generate(custom_generate=Lookahead(...))``.
 
 transformers prepares the inputs, the logits processors and the stopping criteria, then calls
-:meth:`Lookahead.__call__` with the same arguments as its own ``_sample`` loop. The loop:
+:meth:`Lookahead.__call__` with the same arguments as its own ``_sample`` loop. The call is a
+thin loop over :class:`lookahead.engine.Engine`: it admits the whole batch (the prefill gives
+each sequence its first token, as plain decoding does), then steps until every sequence has
+finished; each step is one forward pass over t, the window and the candidates of every active
+sequence (see ``lookahead.engine`` for the step itself).
 
-1. prefill the prompts as plain decoding does; each row's last position gives its first token t
-   (the cache never holds t);
-2. each step, one forward pass over every active row's t, lookahead window and up to G pooled
-   candidates;
-3. verify each row's candidates: accepted tokens plus the bonus token (1 to N tokens per row);
-4. emit them one by one through the stopping criteria and the streamer;
-5. keep in the cache exactly the committed tokens (``lookahead.runner`` explains how, for rows
-   that advance unevenly); update the windows and pools; drop the rows that have finished.
-
-A batch is handled as transformers handles it: left-padded prompts, rows that stop are padded
-after their stop (or, without an EOS criterion, decoded on until every row has stopped).
+A batch is handled as transformers handles it: left-padded prompts, sequences that stop are
+padded after their stop (or, without an EOS criterion, decoded on until every one has stopped).
 """
 
 from __future__ import annotations
@@ -29,15 +24,15 @@ from transformers import StoppingCriteriaList, StopStringCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerateEncoderDecoderOutput
 
 from .config import LookaheadConfig, LookaheadStats
-from .layout import StepLayout, build_layout
+from .engine import Engine
+from .layout import build_layout
 from .lookup import ContextIndex
 from .pool import NGramPool
-from .rows import Emitter, Row, align, assemble, plan_step, step_sizes, use_tree
 from .runner import DecoderRunner, Seq2SeqRunner
-from .step import Scorer, prompt_rows, validate_call
+from .sequences import Emitter, SeqState, assemble
+from .step import prompt_rows, validate_call
 from .support import MaskSpec, check_model
-from .tuning import WidthChooser, cost_curve, match_lengths
-from .verify import Verdict, verify_greedy, verify_sampling
+from .tuning import WidthChooser, cost_curve
 from .window import JacobiWindow
 
 logger = logging.getLogger(__name__)
@@ -135,104 +130,47 @@ class Lookahead:
         spec = check_model(model)
         validate_call(input_ids, generation_config, synced_gpus, model_kwargs, streamer)
         cfg = self._settle(self.config_for(model.device), spec)
-        batch, max_length = input_ids.shape[0], generation_config.max_length
+        batch = input_ids.shape[0]
         stats = LookaheadStats(config=cfg, accepted_hist=[0] * cfg.ngram_size, batch_size=batch)
         self.last_stats = stats
         want = generation_config.return_dict_in_generate
         has_eos = any(hasattr(criterion, "eos_token_id") for criterion in stopping_criteria)
         emitter = Emitter(
-            stopping_criteria,
             streamer,
             want_scores=want and generation_config.output_scores,
             want_logits=want and generation_config.output_logits,
-            stop_ends_row=has_eos or batch == 1,
-            batch_size=batch,
+            stop_ends_seq=has_eos or batch == 1,
         )
         prompts = prompt_rows(input_ids, model_kwargs.get("attention_mask"), spec)
         stats.prompt_tokens = sum(len(p) for p in prompts)
-        rows = [self._row(b, input_ids, prompt, cfg, source_ids) for b, prompt in enumerate(prompts)]
-        runner = Seq2SeqRunner(model, model_kwargs) if spec.encoder_decoder else DecoderRunner(model, spec)
-        chooser = WidthChooser(
-            curve=cost_curve(model, lambda: _calibration_step(model, spec)) if cfg.adaptive else None,
-            max_candidates=cfg.max_candidates,
-            ngram_size=cfg.ngram_size,
-            window_size=cfg.window_size,
-            batch=batch,
-            enabled=cfg.adaptive,
-        )
-        sample = generation_config.do_sample
+        seqs = [
+            new_sequence(cfg, b, input_ids[b : b + 1], prompt, generation_config.max_length, source_ids=source_ids)
+            for b, prompt in enumerate(prompts)
+        ]
+        for seq in seqs:
+            seq.processors, seq.criteria, seq.batch_size = logits_processor, stopping_criteria, batch
+            seq.do_sample = bool(generation_config.do_sample)
+        engine = Engine(model, cfg, spec, make_chooser(model, cfg, spec, batch), emitter, stats, model_kwargs)
 
-        # 1. prefill every prompt; its last position gives the row's first token, as in plain decoding
+        # the prefill gives each sequence its first token, then one engine step per forward pass
+        engine.admit(seqs, prompts)
         start = time.perf_counter()
-        logits = runner.prefill(prompts)  # [B, V]
-        stats.prefill_seconds = time.perf_counter() - start
-        start = time.perf_counter()
-        for b, row in enumerate(rows):
-            first = Scorer(logits[b : b + 1], None, logits_processor, row.ids, [], (row.index, batch))
-            emitter.emit(row, [first.sample(0) if sample else first.choice(0)], [0], first)
-            _pool_output(row, cfg, 1)
-        stats.steps, stats.row_steps, stats.accepted_hist[0] = 1, batch, batch
-        active = _drop_finished(rows, rows, runner, emitter.stop_ends_row, max_length)
+        while engine.active:
+            engine.step()
 
-        while active:
-            # 2. plan and run one step for every active row, as wide as pays (lookahead.tuning)
-            chooser.batch = len(active)
-            matches = [row.context.match_length(row.committed) if row.context and chooser.enabled else None
-                       for row in active]  # fmt: skip
-            limits = [_limit(row, rows, emitter.stop_ends_row, max_length) for row in active]
-            sizes = None
-            if chooser.enabled and use_tree(active, cfg):  # price each option by its token tree
-                sizes = step_sizes(active[0], cfg, spec, limits[0], chooser.options())
-            choice = chooser.choose(matches, sizes)
-            layout, step_ids = plan_step(active, cfg, choice, spec, limits)
-            logits = runner.step(layout, step_ids)  # [B, K, V]
-
-            # 3. verify each row: greedy, or sampling that keeps the processed distribution exactly
-            scorers = [
-                Scorer(logits[b], layout, logits_processor, r.ids, r.candidates, (r.index, batch))
-                for b, r in enumerate(active)
-            ]
-            verdicts = [_verify(row, scorer, layout, sample) for row, scorer in zip(active, scorers, strict=True)]
-            for row, scorer, match in zip(active, scorers, matches, strict=True) if chooser.enabled else ():
-                lengths = match_lengths(row.candidates, scorer.raw_choice(layout.t_row), scorer.raw_candidate_choice)
-                chooser.record(choice, max((len(c) for c in row.candidates), default=0), lengths, match)
-            if runner.aligned:
-                verdicts = align(verdicts, active)
-
-            # 4. emit token by token through the stopping criteria and the streamer
-            kept = []
-            for row, verdict, scorer in zip(active, verdicts, scorers, strict=True):
-                emitted_rows = [layout.t_row, *(layout.candidate_rows[k][j] for k, j in verdict.path)]
-                kept.append(emitter.emit(row, verdict.emitted, emitted_rows, scorer))
-            chooser.after_step(choice)
-
-            # 5. commit: cache, windows, pools, statistics; drop the rows that have finished
-            runner.commit(layout, [(v.candidate, k) for v, k in zip(verdicts, kept, strict=True)])
-            for row, ids, verdict, scorer, count in zip(active, step_ids, verdicts, scorers, kept, strict=True):
-                if layout.level_rows:
-                    for ngram in row.window.update(ids[0], [scorer.raw_choice(r) for r in layout.last_level_rows]):
-                        row.pool.add(ngram)
-                _pool_output(row, cfg, count)
-                stats.accepted_hist[len(verdict.emitted) - 1] += 1
-                stats.truncated_tokens += len(verdict.emitted) - count
-            stats.steps += 1
-            stats.row_steps += len(active)
-            active = _drop_finished(active, rows, runner, emitter.stop_ends_row, max_length)
-
-        sequences = assemble(rows, input_ids.shape[1], emitter.stop_ends_row, generation_config._pad_token_tensor)
-        # rows padded after their stop did not generate the padding; rows that ran on are cut to T
-        new_per_row = [min(row.ids.shape[1], sequences.shape[1]) - input_ids.shape[1] for row in rows]
-        stats.new_tokens = sum(new_per_row)
-        stats.wide_steps = chooser.wide_steps
-        stats.settings = chooser.summary()
+        sequences = assemble(seqs, input_ids.shape[1], emitter.stop_ends_seq, generation_config._pad_token_tensor)
+        # sequences padded after their stop did not generate the padding; those that ran on are cut to T
+        stats.new_tokens = sum(min(seq.ids.shape[1], sequences.shape[1]) - input_ids.shape[1] for seq in seqs)
+        stats.wide_steps = engine.chooser.wide_steps
+        stats.settings = engine.chooser.summary()
         stats.decode_seconds = time.perf_counter() - start
         if streamer is not None:
             streamer.end()
         logger.debug("lookahead %s: %s", cfg, stats.as_dict())
         if not want:
             return sequences
-        # a batch's cache holds holes (see lookahead.runner) and finished rows were dropped from it
-        cache = runner.cache if batch == 1 else None
+        # a batch's cache holds holes (see lookahead.runner) and finished sequences were dropped from it
+        cache = engine.runner.cache if batch == 1 else None
         outputs = dict(
             sequences=sequences,
             scores=emitter.scores if generation_config.output_scores else None,
@@ -254,33 +192,50 @@ class Lookahead:
             )
         return dataclasses.replace(cfg, window_size=0, max_candidates=min(1, cfg.max_candidates))
 
-    @staticmethod
-    def _row(index: int, input_ids, prompt: list[int], cfg: LookaheadConfig, source_ids) -> Row:
-        pool = NGramPool(cfg.ngram_size, max(1, cfg.max_candidates))
-        if cfg.seed_pool_from_prompt:
-            pool.add_sequence(prompt)
-            if source_ids is not None:
-                pool.add_sequence(source_ids[index].tolist())
-        window = JacobiWindow(cfg.window_size, cfg.ngram_size, prompt)
-        context = ContextIndex() if cfg.context_lookup else None
-        if context is not None:
-            context.extend(prompt)
-        ids = input_ids[index : index + 1]
-        return Row(index=index, ids=ids, committed=list(prompt), pool=pool, window=window, context=context)
+
+def new_sequence(
+    cfg: LookaheadConfig,
+    index: int,
+    ids: torch.LongTensor,  # [1, S]: the caller's prompt, padding kept
+    prompt: list[int],  # the prompt without padding
+    max_length: int,
+    *,
+    source_ids: torch.LongTensor | None = None,  # [B, S_enc]: an encoder's input, pooled too
+    full_window: bool = False,
+    shared=None,
+) -> SeqState:
+    """A sequence with its pool (seeded from the prompt), window and suffix index."""
+    pool = NGramPool(cfg.ngram_size, max(1, cfg.max_candidates))
+    if cfg.seed_pool_from_prompt:
+        pool.add_sequence(prompt)
+        if source_ids is not None:
+            pool.add_sequence(source_ids[index].tolist())
+    window = JacobiWindow(cfg.window_size, cfg.ngram_size, prompt, full=full_window)
+    context = ContextIndex() if cfg.context_lookup else None
+    if context is not None:
+        context.extend(prompt)
+    return SeqState(
+        index=index,
+        ids=ids,
+        committed=list(prompt),
+        pool=pool,
+        window=window,
+        max_length=max_length,
+        context=context,
+        shared=shared,
+    )
 
 
-def _verify(row: Row, scorer: Scorer, layout: StepLayout, sample: bool) -> Verdict:
-    if sample:
-        return verify_sampling(row.candidates, scorer.distribution)
-    return verify_greedy(scorer.choice(layout.t_row), row.candidates, scorer.candidate_choice)
-
-
-def _pool_output(row: Row, cfg: LookaheadConfig, emitted: int) -> None:
-    """Pool (and index) the n-grams that end in the tokens just emitted."""
-    if row.context is not None:
-        row.context.extend(row.committed)
-    if cfg.pool_from_output:
-        row.pool.add_sequence(row.committed, start=len(row.committed) - emitted - cfg.ngram_size + 1)
+def make_chooser(model, cfg: LookaheadConfig, spec: MaskSpec, batch: int) -> WidthChooser:
+    """The width chooser for ``cfg``: adaptive ones price steps with the model's cost curve."""
+    return WidthChooser(
+        curve=cost_curve(model, lambda: _calibration_step(model, spec)) if cfg.adaptive else None,
+        max_candidates=cfg.max_candidates,
+        ngram_size=cfg.ngram_size,
+        window_size=cfg.window_size,
+        batch=batch,
+        enabled=cfg.adaptive,
+    )
 
 
 def _calibration_step(model, spec: MaskSpec):
@@ -304,28 +259,4 @@ def _calibration_step(model, spec: MaskSpec):
     return step
 
 
-def _limit(row: Row, rows: list[Row], stop_ends_row: bool, max_length: int) -> int:
-    """The length a row may reach: max_length, or, once every row has stopped (rows that run on
-    after their stop), the longest stop."""
-    if stop_ends_row or any(r.stopped_at is None for r in rows):
-        return max_length
-    return max(r.stopped_at for r in rows)
-
-
-def _drop_finished(active: list[Row], rows: list[Row], runner, stop_ends_row: bool, max_length: int) -> list[Row]:
-    """The rows still decoding; the runner forgets the others."""
-
-    def finished(row: Row) -> bool:
-        if row.ids.shape[1] >= max_length:
-            return True
-        if row.stopped_at is None:
-            return False
-        return stop_ends_row or row.ids.shape[1] >= _limit(row, rows, False, max_length)
-
-    keep = [i for i, row in enumerate(active) if not finished(row)]
-    if keep and len(keep) < len(active):
-        runner.select(keep)
-    return [active[i] for i in keep]
-
-
-__all__ = ["Lookahead"]
+__all__ = ["Lookahead", "make_chooser", "new_sequence"]

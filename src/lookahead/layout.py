@@ -1,13 +1,13 @@
-"""The token layout of one lookahead step: which rows exist, where they sit, and what each sees.
+"""The token layout of one lookahead step: which slots exist, where they sit, and what each sees.
 
 One forward pass holds three parts, in this order (W=5, N=4, G=2, one prefix token ``t``)::
 
-    row:        t | level 0     | level 1       | level 2       | cand 0 | cand 1
+    slot:       t | level 0     | level 1       | level 2       | cand 0 | cand 1
     column:     0 | 1  2  3  4  | 0  1  2  3  4 | 0  1  2  3  4 | -      | -
     position:   0 | 1  2  3  4  | 1  2  3  4  5 | 2  3  4  5  6 | 1 2 3  | 1 2 3
                   (positions relative to p, the position of t)
 
-What each row sees inside the step (every row also sees the whole KV cache):
+What each slot sees inside the step (every slot also sees the whole KV cache):
 
 * the prefix (the committed tokens that are not cached yet; ``t`` is its last) is causal;
 * level 0, column c sees the prefix and level-0 columns 1..c;
@@ -16,17 +16,17 @@ What each row sees inside the step (every row also sees the whole KV cache):
 * candidate k, token j sees the prefix and tokens 0..j of candidate k.
 
 Nothing crosses between the lookahead and verification branches, or between candidates (but
-candidates sharing a prefix may share its rows, below).
+candidates sharing a prefix may share its slots, below).
 
-**Token tree.** Candidates that share a prefix may share its rows (``shape``, see
-:func:`tree_shape`): ``(5, 9)`` and ``(5, 6)`` become the rows ``5 -> 9`` and ``5 -> 6``, with
-one row for the shared 5. A node row sees the prefix, its ancestors and itself, so each path
-through the tree reads exactly as its candidate would alone, and a shared prefix costs one row::
+**Token tree.** Candidates that share a prefix may share its slots (``shape``, see
+:func:`tree_shape`): ``(5, 9)`` and ``(5, 6)`` become the slots ``5 -> 9`` and ``5 -> 6``, with
+one slot for the shared 5. A node slot sees the prefix, its ancestors and itself, so each path
+through the tree reads exactly as its candidate would alone, and a shared prefix costs one slot::
 
-    candidates (5, 9, 2), (5, 6, 1), (7, 3, 3)  ->  nodes 5 9 2 6 1 7 3 3  (8 rows, not 9)
+    candidates (5, 9, 2), (5, 6, 1), (7, 3, 3)  ->  nodes 5 9 2 6 1 7 3 3  (8 slots, not 9)
     shape = ((0, 1, 2), (0, 3, 4), (5, 6, 7))
 
-Mask of the example above (``x`` = may attend, rows and columns in input order)::
+Mask of the example above (``x`` = may attend, slots and columns in input order)::
 
              t  l0 . . .  l1 . . . .  l2 . . . .  c0 . .  c1 . .
       t      x
@@ -57,23 +57,23 @@ class StepLayout:
     """Where every part of one step sits in the input. Built by :func:`build_layout`."""
 
     positions: torch.Tensor  # [L] int64, relative to the position of t
-    mask: torch.Tensor  # [L, L] bool, True where a row may attend to a column
-    t_row: int  # row of t, the last prefix token
-    last_level_rows: tuple[int, ...]  # W rows whose outputs form the next window level
-    level_rows: tuple[tuple[int, ...], ...]  # rows of each filled level (level 0 excludes t)
-    candidate_rows: tuple[tuple[int, ...], ...]  # [g][len of candidate k]: its rows, shared prefixes shared
+    mask: torch.Tensor  # [L, L] bool, True where a slot may attend to a column
+    t_slot: int  # slot of t, the last prefix token
+    last_level_slots: tuple[int, ...]  # W slots whose outputs form the next window level
+    level_slots: tuple[tuple[int, ...], ...]  # slots of each filled level (level 0 excludes t)
+    candidate_slots: tuple[tuple[int, ...], ...]  # [g][len of candidate k]: its slots, shared prefixes shared
     length: int  # L
-    logit_rows: torch.Tensor  # [K] sorted rows whose logits are used: t, last level, candidates
-    logit_index: dict[int, int]  # row -> index into logit_rows
-    candidate_position: dict[int, tuple[int, int]]  # candidate row -> (first candidate k using it, token j)
-    node_rows: tuple[int, ...]  # rows of the verification branch, by node id (see ``shape``)
+    logit_slots: torch.Tensor  # [K] sorted slots whose logits are used: t, last level, candidates
+    logit_index: dict[int, int]  # slot -> index into logit_slots
+    candidate_position: dict[int, tuple[int, int]]  # candidate slot -> (first candidate k using it, token j)
+    node_slots: tuple[int, ...]  # slots of the verification branch, by node id (see ``shape``)
 
 
 Shape = tuple[tuple[int, ...], ...]  # node id of token j of candidate k, ids numbered 0.. in input order
 
 
 def chain_shape(n_candidates: int, candidate_len: int) -> Shape:
-    """Every candidate on rows of its own (no sharing)."""
+    """Every candidate on slots of its own (no sharing)."""
     return tuple(tuple(range(k * candidate_len, (k + 1) * candidate_len)) for k in range(n_candidates))
 
 
@@ -107,7 +107,7 @@ def build_layout(
 ) -> StepLayout:
     """Lay out one step: ``n_prefix`` uncached tokens (the last is t), ``n_levels`` filled levels
     of a window of ``window`` columns, and the verification branch: ``n_candidates`` candidates
-    of ``candidate_len`` tokens on rows of their own, or the token tree ``shape`` (which then
+    of ``candidate_len`` tokens on slots of their own, or the token tree ``shape`` (which then
     replaces both; see :func:`tree_shape`).
 
     Pure and cached: the same arguments return the same (read-only) tensors.
@@ -129,61 +129,61 @@ def build_layout(
         raise ValueError("token tree nodes must be numbered 0.. with every parent before its children")
 
     positions: list[int] = list(range(-(n_prefix - 1), 1))
-    t_row = n_prefix - 1
-    # sees[r] is the set of in-step rows that row r may attend to (itself included).
+    t_slot = n_prefix - 1
+    # sees[r] is the set of in-step slots that slot r may attend to (itself included).
     sees: list[set[int]] = [set(range(r + 1)) for r in range(n_prefix)]
     prefix = set(range(n_prefix))
 
-    level_rows: list[tuple[int, ...]] = []
-    level0: list[int] = []  # level-0 rows; level0[c - 1] is column c (column 0 is t)
-    column: list[list[int]] = [[] for _ in range(window)]  # rows of levels 1.. in each column
+    level_slots: list[tuple[int, ...]] = []
+    level0: list[int] = []  # level-0 slots; level0[c - 1] is column c (column 0 is t)
+    column: list[list[int]] = [[] for _ in range(window)]  # slots of levels 1.. in each column
     for level in range(n_levels):
-        rows = []
+        slots = []
         for col in range(1 if level == 0 else 0, window):
-            row = len(positions)
+            slot = len(positions)
             positions.append(level + col)
             if level == 0:
-                level0.append(row)
+                level0.append(slot)
                 sees.append(prefix | set(level0))
             else:
-                column[col].append(row)
+                column[col].append(slot)
                 sees.append(prefix | set(level0[:col]) | set(column[col]))
-            rows.append(row)
-        level_rows.append(tuple(rows))
+            slots.append(slot)
+        level_slots.append(tuple(slots))
 
-    node_rows: list[int] = []
+    node_slots: list[int] = []
     for node in range(n_nodes):
-        row = len(positions)
+        slot = len(positions)
         up = parent[node]
-        node_rows.append(row)
-        positions.append(positions[node_rows[up]] + 1 if up is not None else 1)
-        sees.append((sees[node_rows[up]] if up is not None else prefix) | {row})
-    candidate_rows = [tuple(node_rows[node] for node in ids) for ids in shape]
+        node_slots.append(slot)
+        positions.append(positions[node_slots[up]] + 1 if up is not None else 1)
+        sees.append((sees[node_slots[up]] if up is not None else prefix) | {slot})
+    candidate_slots = [tuple(node_slots[node] for node in ids) for ids in shape]
 
     length = len(positions)
     mask = torch.zeros(length, length, dtype=torch.bool)
-    for row, visible in enumerate(sees):
-        mask[row, sorted(visible)] = True
+    for slot, visible in enumerate(sees):
+        mask[slot, sorted(visible)] = True
 
     if n_levels == 0:
         last_level: tuple[int, ...] = ()
     elif n_levels == 1:
-        last_level = (t_row, *level_rows[0])  # column 0 of level 0 is t itself
+        last_level = (t_slot, *level_slots[0])  # column 0 of level 0 is t itself
     else:
-        last_level = level_rows[-1]
-    used = sorted({t_row, *last_level, *(r for cand in candidate_rows for r in cand)})
+        last_level = level_slots[-1]
+    used = sorted({t_slot, *last_level, *(r for cand in candidate_slots for r in cand)})
     return StepLayout(
         positions=torch.tensor(positions, dtype=torch.long),
         mask=mask,
-        t_row=t_row,
-        last_level_rows=last_level,
-        level_rows=tuple(level_rows),
-        candidate_rows=tuple(candidate_rows),
+        t_slot=t_slot,
+        last_level_slots=last_level,
+        level_slots=tuple(level_slots),
+        candidate_slots=tuple(candidate_slots),
         length=length,
-        logit_rows=torch.tensor(used, dtype=torch.long),
-        logit_index={row: i for i, row in enumerate(used)},
+        logit_slots=torch.tensor(used, dtype=torch.long),
+        logit_index={slot: i for i, slot in enumerate(used)},
         candidate_position={
-            r: (k, j) for k, cand in reversed(list(enumerate(candidate_rows))) for j, r in enumerate(cand)
+            r: (k, j) for k, cand in reversed(list(enumerate(candidate_slots))) for j, r in enumerate(cand)
         },
-        node_rows=tuple(node_rows),
+        node_slots=tuple(node_slots),
     )

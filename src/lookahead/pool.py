@@ -114,3 +114,101 @@ class NGramPool:
         """Number of trie nodes under ``key`` (shared prefixes count once)."""
         trie = self._tries.get(int(key))
         return 0 if trie is None else trie.node_count()
+
+
+class SharedPool:
+    """Continuations seen in earlier sequences, looked up by the context's longest suffix: a
+    server's *warm pool*, shared by every request.
+
+    Finished sequences (prompt and output) are added whole: after each suffix of 1 to
+    ``max_suffix`` tokens, the ``span`` tokens that followed it are kept (at most ``per_key``
+    continuations per suffix, newest first). The pool is bounded by ``max_entries`` (suffix,
+    continuation) pairs and by an estimate of their memory, ``max_bytes``; the least recently
+    used pairs go first. Lookups only propose candidates, which the model verifies, so the pool
+    can change the speed of a sequence but never its text.
+
+    >>> shared = SharedPool(max_suffix=2, span=2)
+    >>> shared.add_text([5, 6, 7, 8])
+    >>> shared.candidates([1, 6, 7], length=2, limit=2)    # "6 7" was followed by 8
+    [(8,)]
+    >>> shared.match_length([1, 6, 7])
+    2
+    """
+
+    ENTRY_BYTES = 160  # estimated bytes per pair beyond its tokens (dict slots, tuple headers)
+    TOKEN_BYTES = 8
+
+    def __init__(
+        self,
+        max_entries: int = 500_000,
+        max_bytes: int = 128 * 2**20,
+        max_suffix: int = 3,
+        span: int = 8,
+        per_key: int = 4,
+    ) -> None:
+        if min(max_entries, max_bytes, max_suffix, span, per_key) < 1:
+            raise ValueError("SharedPool bounds must all be at least 1")
+        self.max_entries, self.max_bytes = max_entries, max_bytes
+        self.max_suffix, self.span, self.per_key = max_suffix, span, per_key
+        self._lru: OrderedDict[tuple[tuple[int, ...], tuple[int, ...]], None] = OrderedDict()  # oldest first
+        self._by_suffix: dict[tuple[int, ...], OrderedDict[tuple[int, ...], None]] = {}
+        self.nbytes = 0
+
+    def _size(self, suffix: tuple[int, ...], continuation: tuple[int, ...]) -> int:
+        return self.ENTRY_BYTES + self.TOKEN_BYTES * (len(suffix) + len(continuation))
+
+    def _insert(self, suffix: tuple[int, ...], continuation: tuple[int, ...]) -> None:
+        pair = (suffix, continuation)
+        conts = self._by_suffix.setdefault(suffix, OrderedDict())
+        if pair in self._lru:
+            self._lru.move_to_end(pair)
+            conts.move_to_end(continuation)
+            return
+        self._lru[pair] = None
+        conts[continuation] = None
+        self.nbytes += self._size(suffix, continuation)
+        if len(conts) > self.per_key:
+            self._remove((suffix, next(iter(conts))))
+        while len(self._lru) > self.max_entries or self.nbytes > self.max_bytes:
+            self._remove(next(iter(self._lru)))
+
+    def _remove(self, pair: tuple[tuple[int, ...], tuple[int, ...]]) -> None:
+        suffix, continuation = pair
+        del self._lru[pair]
+        conts = self._by_suffix[suffix]
+        del conts[continuation]
+        if not conts:
+            del self._by_suffix[suffix]
+        self.nbytes -= self._size(suffix, continuation)
+
+    def add_text(self, tokens: Sequence[int]) -> None:
+        """Keep what followed every suffix of ``tokens`` (a prompt and its output)."""
+        tokens = [int(t) for t in tokens]
+        for end in range(len(tokens) - 1):
+            continuation = tuple(tokens[end + 1 : end + 1 + self.span])
+            for m in range(1, min(self.max_suffix, end + 1) + 1):
+                self._insert(tuple(tokens[end - m + 1 : end + 1]), continuation)
+
+    def match_length(self, tokens: Sequence[int]) -> int:
+        """Length of the longest suffix of ``tokens`` (up to ``max_suffix``) that the pool knows."""
+        for m in range(min(self.max_suffix, len(tokens)), 0, -1):
+            if tuple(tokens[len(tokens) - m :]) in self._by_suffix:
+                return m
+        return 0
+
+    def candidates(self, tokens: Sequence[int], length: int, limit: int) -> list[tuple[int, ...]]:
+        """Up to ``limit`` distinct continuations of at most ``length`` tokens after the context's
+        suffix, longest suffix first, newest first."""
+        found: list[tuple[int, ...]] = []
+        for m in range(min(self.max_suffix, len(tokens)), 0, -1):
+            conts = self._by_suffix.get(tuple(tokens[len(tokens) - m :]))
+            for continuation in reversed(conts or ()):
+                continuation = continuation[:length]
+                if continuation and continuation not in found:
+                    found.append(continuation)
+                    if len(found) >= limit:
+                        return found
+        return found
+
+    def __len__(self) -> int:
+        return len(self._lru)

@@ -1,35 +1,35 @@
-"""Forward passes and the KV cache for a batch of rows that advance unevenly.
+"""Forward passes and the KV cache for a batch of sequences that advance unevenly.
 
-A step feeds every active row the same layout (t, window, candidates), but each row accepts its
+A step feeds every active sequence the same layout (t, window, candidates), but each sequence accepts its
 own number of tokens. Two strategies keep the cache exact:
 
 **Holes, masked** (:class:`DecoderRunner`, decoder-only models). Each step appends
-``m = max_b kept_b`` slots to every row: row b moves its ``kept_b`` committed entries (t and its
+``m = max_b kept_b`` cache columns to every sequence: sequence b moves its ``kept_b`` committed entries (t and its
 accepted candidate tokens) to the front of the step's region, and the remaining ``m - kept_b``
-slots become holes. ``key_pos`` [B, C] records each slot's position (-1 for a hole or a left
+columns become holes. ``key_pos`` [B, C] records each column's position (-1 for a hole or a left
 pad); the 4D mask of the next step hides holes, and ``position_ids`` give each token its true
-position, so a row never sees where the others are. Example: prompts a0..a3 and b0 b1, then
-two steps (step 1 keeps 3 tokens of row a and 1 of row b, step 2 keeps 1 and 2; ``_`` is a left
+position, so a sequence never sees where the others are. Example: prompts a0..a3 and b0 b1, then
+two steps (step 1 keeps 3 tokens of sequence a and 1 of sequence b, step 2 keeps 1 and 2; ``_`` is a left
 pad, ``.`` a hole)::
 
-    slot:        0   1   2   3 |  4   5   6 |  7   8
-    row a:      a0  a1  a2  a3 | a4  a5  a6 | a7   .
-    row b:       _   _  b0  b1 | b2   .   . | b3  b4
+    column:      0   1   2   3 |  4   5   6 |  7   8
+    seq a:      a0  a1  a2  a3 | a4  a5  a6 | a7   .
+    seq b:       _   _  b0  b1 | b2   .   . | b3  b4
     key_pos a:   0   1   2   3 |  4   5   6 |  7  -1
     key_pos b:  -1  -1   0   1 |  2  -1  -1 |  3   4
                    prefill     |   step 1   |  step 2
 
 Moving entries costs one gather over the step's region, never over the whole cache; holes cost
-a few masked columns, and the leading columns that are holes in every row are cut whenever a
-finished row is dropped. The model must take explicit
+a few masked columns, and the leading columns that are holes in every sequence are cut whenever a
+finished sequence is dropped. The model must take explicit
 ``position_ids`` and a custom 4D mask (``support.check_model`` probes for both). Sliding-window
-layers get ``key > query - window`` on *positions*, not slots.
+layers get ``key > query - window`` on *positions*, not columns.
 
 **Aligned** (:class:`Seq2SeqRunner`, encoder-decoder models). BART, Marian, T5 and their kin
 derive decoder positions from the cache length (absolute embeddings, or T5's relative bias over
-slot distances), so a row's tokens must sit in consecutive slots, all rows alike. Steps use a
-linear layout (t and one candidate chain, no window), and every row commits the same number
-of tokens, the smallest any row accepted; the verified tokens a row could not commit are
+slot distances), so a sequence's tokens must sit in consecutive cache columns, all sequences alike. Steps use a
+linear layout (t and one candidate chain, no window), and every sequence commits the same number
+of tokens, the smallest any sequence accepted; the verified tokens a sequence could not commit are
 offered again as its first candidate next step, where they are accepted at once (greedy).
 """
 
@@ -45,21 +45,21 @@ from .layout import StepLayout
 from .support import MaskSpec
 
 
-def _src_rows(layout: StepLayout, picks: Sequence[tuple[int | None, int]], width: int) -> list[list[int]]:
-    """For each row, the step rows whose cache entries it keeps (t first), padded to ``width``."""
-    rows = []
+def _src_slots(layout: StepLayout, picks: Sequence[tuple[int | None, int]], width: int) -> list[list[int]]:
+    """For each sequence, the step slots whose cache entries it keeps (t first), padded to ``width``."""
+    out = []
     for candidate, kept in picks:
-        src = [layout.t_row]
+        src = [layout.t_slot]
         if candidate is not None:
-            src += list(layout.candidate_rows[candidate][: kept - 1])
-        rows.append(src + [layout.t_row] * (width - len(src)))
-    return rows
+            src += list(layout.candidate_slots[candidate][: kept - 1])
+        out.append(src + [layout.t_slot] * (width - len(src)))
+    return out
 
 
 def _compact_step(layers, past: int, src: list[list[int]]) -> None:
-    """Move each row's kept entries of the step region (slots past..) to its front: [B, m] rows."""
+    """Move each sequence's kept entries of the step region (columns past..) to its front: [B, m] slots."""
     width = len(src[0])
-    if all(row == list(range(width)) for row in src):
+    if all(kept == list(range(width)) for kept in src):
         return  # already in place (t, then the first candidate or a linear chain)
     for layer in layers:
         index = torch.tensor(src, device=layer.keys.device) + past  # [B, m]
@@ -72,17 +72,17 @@ def _compact_step(layers, past: int, src: list[list[int]]) -> None:
 class DecoderRunner:
     """Decoder-only models: one DynamicCache, holes masked (see the module docstring)."""
 
-    aligned = False  # rows may commit different numbers of tokens per step
+    aligned = False  # sequences may commit different numbers of tokens per step
 
     def __init__(self, model, spec: MaskSpec) -> None:
         self.model, self.spec = model, spec
         self.cache = DynamicCache()
-        self.key_pos: torch.Tensor | None = None  # [B, C] position of each cached slot, -1 = hole
-        self.n_cached: torch.Tensor | None = None  # [B] committed tokens in the cache per row
+        self.key_pos: torch.Tensor | None = None  # [B, C] position of each cache column, -1 = hole
+        self.n_cached: torch.Tensor | None = None  # [B] committed tokens in the cache per sequence
         self.holes = False
 
-    def _logits_kwargs(self, rows: torch.Tensor | int) -> dict:
-        return {"logits_to_keep": rows} if self.spec.keeps_logits else {}
+    def _logits_kwargs(self, slots: torch.Tensor | int) -> dict:
+        return {"logits_to_keep": slots} if self.spec.keeps_logits else {}
 
     def prefill(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
         """Fill the cache with the prompts (left-padded, as transformers does) -> last logits [B, V]."""
@@ -92,6 +92,7 @@ class DecoderRunner:
         ids = torch.tensor([[p[0]] * pad + list(p) for p, pad in zip(prompts, pads, strict=True)], device=device)
         key_pos = torch.stack([torch.arange(longest, device=device) - pad for pad in pads])  # [B, S]
         key_pos[key_pos < 0] = -1
+        self.cache = DynamicCache()  # a batch starting anew (the first, or after every sequence left)
         self.holes = any(pads)
         # as transformers' prefill: a 2D padding mask (the model builds the causal part), pads at position 1
         mask = (key_pos >= 0).long() if self.holes else None
@@ -108,8 +109,33 @@ class DecoderRunner:
         self.n_cached = torch.tensor([len(p) for p in prompts], device=device)
         return out.logits[:, -1]
 
+    def admit(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Prefill ``prompts`` on their own, then append them to the running batch -> their last
+        logits [b, V]. The shorter of the two caches is left-padded with holes, so every sequence
+        keeps its columns and positions (the mask hides the holes)."""
+        newcomers = DecoderRunner(self.model, self.spec)
+        logits = newcomers.prefill(prompts)
+        width = max(self.key_pos.shape[1], newcomers.key_pos.shape[1])
+
+        def pad(states: torch.Tensor, dim: int, value) -> torch.Tensor:  # left-pad dim to width
+            missing = width - states.shape[dim]
+            if missing == 0:
+                return states
+            shape = list(states.shape)
+            shape[dim] = missing
+            return torch.cat([states.new_full(shape, value), states], dim=dim)
+
+        for mine, theirs in zip(self.cache.layers, newcomers.cache.layers, strict=True):
+            for name in ("keys", "values"):  # [B, H, C, D]
+                merged = torch.cat([pad(getattr(mine, name), 2, 0), pad(getattr(theirs, name), 2, 0)], dim=0)
+                setattr(mine, name, merged)
+        self.key_pos = torch.cat([pad(self.key_pos, 1, -1), pad(newcomers.key_pos, 1, -1)], dim=0)
+        self.n_cached = torch.cat([self.n_cached, newcomers.n_cached])
+        self.holes = bool((self.key_pos < 0).any())
+        return logits
+
     def step(self, layout: StepLayout, step_ids: Sequence[Sequence[int]]) -> torch.Tensor:
-        """One forward pass over every row's step -> the used rows' logits [B, K, V]."""
+        """One forward pass over every sequence's step -> the used slots' logits [B, K, V]."""
         device = self.model.device
         positions = layout.positions.to(device)[None] + self.n_cached[:, None]  # [B, L]
         # t alone with no hole to hide: let the model build its own mask, exactly as plain decoding
@@ -118,23 +144,23 @@ class DecoderRunner:
             mask = None
         else:
             mask = self.spec.build(layout.mask.to(device), self.key_pos, positions, self.model.dtype)
-        rows = layout.logit_rows.to(device)
+        slots = layout.logit_slots.to(device)
         out = self.model(
             input_ids=torch.tensor([list(s) for s in step_ids], device=device),
             position_ids=positions,
             attention_mask=mask,
             cache=self.cache,
             use_cache=True,
-            **self._logits_kwargs(rows),
+            **self._logits_kwargs(slots),
         )
-        return out.logits if self.spec.keeps_logits else out.logits[:, rows]
+        return out.logits if self.spec.keeps_logits else out.logits[:, slots]
 
     def commit(self, layout: StepLayout, picks: Sequence[tuple[int | None, int]]) -> None:
-        """Keep, per row, t and its first ``kept - 1`` accepted candidate tokens: picks[b] =
+        """Keep, per sequence, t and its first ``kept - 1`` accepted candidate tokens: picks[b] =
         (accepted candidate or None, tokens kept >= 1)."""
         width = max(kept for _, kept in picks)
         past = self.cache.get_seq_length() - layout.length
-        _compact_step(self.cache.layers, past, _src_rows(layout, picks, width))
+        _compact_step(self.cache.layers, past, _src_slots(layout, picks, width))
         self.cache.crop(-(layout.length - width))
         kept = torch.tensor([k for _, k in picks], device=self.n_cached.device)
         offsets = torch.arange(width, device=kept.device)
@@ -144,8 +170,8 @@ class DecoderRunner:
         self.holes = self.holes or bool((kept < width).any())
 
     def select(self, keep: Sequence[int]) -> None:
-        """Keep only the rows ``keep`` (indices into the current batch), then cut leading columns
-        that are holes in every remaining row."""
+        """Keep only the sequences ``keep`` (indices into the current batch), then cut leading columns
+        that are holes in every remaining sequence."""
         index = torch.tensor(list(keep), device=self.key_pos.device)
         self.cache.batch_select_indices(index)
         self.key_pos, self.n_cached = self.key_pos[index], self.n_cached[index]
@@ -159,9 +185,9 @@ class DecoderRunner:
 
 
 class Seq2SeqRunner:
-    """Encoder-decoder models: the decoder runs linear steps over aligned rows."""
+    """Encoder-decoder models: the decoder runs linear steps over aligned sequences."""
 
-    aligned = True  # every row commits the same number of tokens per step
+    aligned = True  # every sequence commits the same number of tokens per step
 
     def __init__(self, model, model_kwargs: dict) -> None:
         self.model = model
@@ -184,16 +210,16 @@ class Seq2SeqRunner:
     def prefill(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
         """Run the decoder prompts (all the same length) -> last logits [B, V]."""
         if len({len(p) for p in prompts}) != 1:
-            raise ValueError("encoder-decoder rows need decoder prompts of one length (no decoder padding)")
+            raise ValueError("encoder-decoder sequences need decoder prompts of one length (no decoder padding)")
         return self._forward(torch.tensor([list(p) for p in prompts], device=self.model.device))[:, -1]
 
     def step(self, layout: StepLayout, step_ids: Sequence[Sequence[int]]) -> torch.Tensor:
-        """A linear step ([t, c_1, ..., c_k] per row) -> the used rows' logits [B, K, V]."""
+        """A linear step ([t, c_1, ..., c_k] per sequence) -> the used slots' logits [B, K, V]."""
         logits = self._forward(torch.tensor([list(s) for s in step_ids], device=self.model.device))
-        return logits[:, layout.logit_rows.to(logits.device)]
+        return logits[:, layout.logit_slots.to(logits.device)]
 
     def commit(self, layout: StepLayout, picks: Sequence[tuple[int | None, int]]) -> None:
-        """Every row keeps the same number of entries: t and the first accepted tokens. A row
+        """Every sequence keeps the same number of entries: t and the first accepted tokens. A sequence
         that kept fewer has just stopped inside the step and leaves the batch next (``select``)."""
         self.cache.crop(-(layout.length - max(k for _, k in picks)))
 

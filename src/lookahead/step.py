@@ -44,7 +44,7 @@ def validate_call(input_ids, generation_config, synced_gpus, model_kwargs, strea
 
 
 def prompt_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, spec: MaskSpec) -> list[list[int]]:
-    """Each row's prompt without its left padding, checked against the model's position limit.
+    """Each sequence's prompt without its left padding, checked against the model's position limit.
 
     For encoder-decoder models ``input_ids`` are the decoder's start tokens and are kept whole.
     """
@@ -55,15 +55,15 @@ def prompt_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, sp
             first = keep.index(1) if 1 in keep else len(keep)
             if any(k == 0 for k in keep[first:]):
                 raise ValueError(
-                    f"row {b} of the attention_mask has padding after its first real token: decoder-only "
+                    f"sequence {b} of the attention_mask has padding after its first real token: decoder-only "
                     "models need left padding (tokenizer.padding_side = 'left')"
                 )
             tokens = tokens[first:]
         if not tokens:
-            raise ValueError(f"the prompt of row {b} is empty once its padding is removed")
+            raise ValueError(f"the prompt of sequence {b} is empty once its padding is removed")
         if spec.max_positions is not None and len(tokens) >= spec.max_positions:
             raise ValueError(
-                f"the prompt of row {b} has {len(tokens)} tokens but the model takes at most "
+                f"the prompt of sequence {b} has {len(tokens)} tokens but the model takes at most "
                 f"{spec.max_positions} positions: shorten the prompt"
             )
         rows.append(tokens)
@@ -71,11 +71,11 @@ def prompt_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, sp
 
 
 class Scorer:
-    """The model's choices on one step's rows, raw (for the window) and processed (for output).
+    """The model's choices on one step's slots, raw (for the window) and processed (for output).
 
-    ``logits`` holds only the kept rows ([K, V], in ``layout.logit_rows`` order; without a layout,
-    row k is logits[k], as for the prefill's one row). Logits processors see, for a candidate row,
-    the prefix extended with that candidate's tokens up to and including the row's own token, as
+    ``logits`` holds only the kept slots ([K, V], in ``layout.logit_slots`` order; without a layout,
+    slot k is logits[k], as for the prefill's one slot). Logits processors see, for a candidate slot,
+    the prefix extended with that candidate's tokens up to and including the slot's own token, as
     plain decoding would have shown them.
     """
 
@@ -92,53 +92,58 @@ class Scorer:
         self.layout = layout
         self.processors = processors if processors is not None and len(processors) > 0 else None
         self.input_ids = input_ids  # [1, S]
-        # (row, batch size): processors built for a batch (e.g. repetition_penalty's per-row prompt
-        # length) see this row at its own index, in a batch of copies of it
+        # (sequence index, batch size): processors built for a batch (e.g. repetition_penalty's
+        # per-sequence prompt length) see this sequence at its own index, in a batch of copies of it
         self.batch = batch
         self.candidates = candidates
         self._argmax = logits.argmax(dim=-1).tolist()
         self._processed: dict[int, torch.Tensor] = {}
 
-    def _index(self, row: int) -> int:
-        return row if self.layout is None else self.layout.logit_index[row]
+    def _index(self, slot: int) -> int:
+        return slot if self.layout is None else self.layout.logit_index[slot]
 
-    def raw(self, row: int) -> torch.Tensor:  # [V] float32
-        return self.logits[self._index(row)].float()
+    def raw(self, slot: int) -> torch.Tensor:  # [V] float32
+        return self.logits[self._index(slot)].float()
 
-    def raw_choice(self, row: int) -> int:
-        return self._argmax[self._index(row)]
+    def raw_choice(self, slot: int) -> int:
+        return self._argmax[self._index(slot)]
 
-    def sample(self, row: int) -> int:
-        """Draw from the processed distribution of ``row``, as transformers' sampling does."""
-        return int(torch.multinomial(torch.softmax(self.processed(row), dim=-1), num_samples=1))
+    def sample(self, slot: int) -> int:
+        """Draw from the processed distribution of ``slot``, as transformers' sampling does."""
+        return int(torch.multinomial(torch.softmax(self.processed(slot), dim=-1), num_samples=1))
 
-    def processed(self, row: int) -> torch.Tensor:  # [V] float32
+    def processed(self, slot: int) -> torch.Tensor:  # [V] float32
         if self.processors is None:
-            return self.raw(row)
-        if row not in self._processed:
+            return self.raw(slot)
+        if slot not in self._processed:
             prefix = self.input_ids
-            where = None if self.layout is None else self.layout.candidate_position.get(row)
+            where = None if self.layout is None else self.layout.candidate_position.get(slot)
             if where is not None:
                 k, j = where
                 extra = self.input_ids.new_tensor([self.candidates[k][: j + 1]])
                 prefix = torch.cat([prefix, extra], dim=-1)
             index, size = self.batch
-            scores = self.raw(row)[None].expand(size, -1).clone()
-            self._processed[row] = self.processors(prefix.expand(size, -1), scores)[index]
-        return self._processed[row]
+            scores = self.raw(slot)[None].expand(size, -1).clone()
+            self._processed[slot] = self.processors(prefix.expand(size, -1), scores)[index]
+        return self._processed[slot]
 
-    def choice(self, row: int) -> int:
+    def seeded_choice(self, slot: int, noise: torch.Tensor) -> int:
+        """A draw from ``slot``'s processed distribution with the given Gumbel noise [V]
+        (see ``verify.position_noise``)."""
+        return int((self.processed(slot).double() + noise.to(self.logits.device)).argmax())
+
+    def choice(self, slot: int) -> int:
         if self.processors is None:
-            return self.raw_choice(row)
-        return int(self.processed(row).argmax())
+            return self.raw_choice(slot)
+        return int(self.processed(slot).argmax())
 
     def raw_candidate_choice(self, k: int, j: int) -> int:
-        return self.raw_choice(self.layout.candidate_rows[k][j])
+        return self.raw_choice(self.layout.candidate_slots[k][j])
 
     def candidate_choice(self, k: int, j: int) -> int:
-        return self.choice(self.layout.candidate_rows[k][j])
+        return self.choice(self.layout.candidate_slots[k][j])
 
     def distribution(self, k: int | None, depth: int) -> torch.Tensor:  # [V], sums to 1
         """Sampling distribution after t (depth 0) or after token depth-1 of candidate k."""
-        row = self.layout.t_row if depth == 0 else self.layout.candidate_rows[k][depth - 1]
-        return torch.softmax(self.processed(row), dim=-1)
+        slot = self.layout.t_slot if depth == 0 else self.layout.candidate_slots[k][depth - 1]
+        return torch.softmax(self.processed(slot), dim=-1)

@@ -234,7 +234,7 @@ class WidthChooser:
 
     def size(self, g: int, n: int) -> int:
         """Input tokens per row of (g, n) this step: as the caller counted them (a token tree
-        of the candidates at hand, see ``lookahead.rows.step_sizes``), else :meth:`rows`."""
+        of the candidates at hand, see ``lookahead.sequences.step_sizes``), else :meth:`rows`."""
         if self._sizes is not None and (g, n) in self._sizes:
             return self._sizes[(g, n)][0]
         return self.rows(g, n)

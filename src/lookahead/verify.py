@@ -110,3 +110,18 @@ def verify_sampling(
         path.append((chosen, depth))
         depth += 1
         p = distribution(chosen, depth).double().clone()
+
+
+def position_noise(seed: int, index: int, vocab: int) -> torch.Tensor:  # [V] float64
+    """Gumbel noise for the token at ``index`` of a sequence sampled with ``seed``.
+
+    ``argmax(processed_logits + noise)`` is an exact draw from ``softmax(processed_logits)``
+    (the Gumbel-max trick), and the noise depends on nothing but (seed, index). So verification
+    is greedy verification against these draws: a candidate token is accepted when it equals the
+    draw at its position, and every token is distributed exactly as the model's processed
+    distribution. The text is then a function of the seed and the prompt alone: the same with
+    any candidates, any batch and any step shapes (and the same as one-token steps).
+    """
+    generator = torch.Generator().manual_seed((seed * 0x9E3779B97F4A7C15 + index * 0xBF58476D1CE4E5B9) % 2**63)
+    uniform = torch.rand(vocab, generator=generator, dtype=torch.float64).clamp_min(1e-300)
+    return -torch.log(-torch.log(uniform))

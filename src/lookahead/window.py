@@ -19,7 +19,11 @@ from collections.abc import Sequence
 
 
 class JacobiWindow:
-    def __init__(self, window_size: int, ngram_size: int, seed_tokens: Sequence[int], seed: int = 0):
+    def __init__(
+        self, window_size: int, ngram_size: int, seed_tokens: Sequence[int], seed: int = 0, full: bool = False
+    ):
+        """``full``: start with all N-1 levels filled (no warm-up), so that a window that joins a
+        running batch has as many levels as the others."""
         self.window_size = window_size
         self.ngram_size = ngram_size
         self.levels: list[list[int]] = []
@@ -28,6 +32,8 @@ class JacobiWindow:
             rng = random.Random(seed)
             pool = list(seed_tokens) or [0]
             self.levels.append([rng.choice(pool) for _ in range(window_size - 1)])
+            while full and not self.full:
+                self.levels.append([rng.choice(pool) for _ in range(window_size)])
 
     @property
     def n_levels(self) -> int:
@@ -37,9 +43,17 @@ class JacobiWindow:
     def full(self) -> bool:
         return self.n_levels == self.ngram_size - 1
 
-    def tokens(self) -> list[int]:
-        """The window's input tokens, level by level, in layout order."""
-        return [tok for level in self.levels for tok in level]
+    def tokens(self, width: int | None = None, n_levels: int | None = None, filler: int = 0) -> list[int]:
+        """The window's input tokens, level by level, in layout order; for a layout of ``width``
+        columns and ``n_levels`` levels (a batch whose windows differ), missing columns and
+        levels are ``filler`` tokens, computed and never read."""
+        width = self.window_size if width is None else width
+        n_levels = self.n_levels if n_levels is None else n_levels
+        out = []
+        for level in range(n_levels):
+            have = self.levels[level] if level < self.n_levels else []
+            out += have + [filler] * ((width - 1 if level == 0 else width) - len(have))
+        return out
 
     def update(self, t: int, new_level: Sequence[int]) -> list[tuple[int, ...]]:
         """Take the last level's outputs (W tokens, column 0 first) and return the finished n-grams.

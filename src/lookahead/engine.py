@@ -1,0 +1,200 @@
+"""The step-level engine: lookahead decoding over a batch whose sequences come and go.
+
+``Lookahead.__call__`` admits its whole batch once and steps until every sequence has finished;
+a server admits requests as they arrive, at step boundaries, and steps while any is active.
+Each step (:meth:`Engine.step`) is one forward pass over every active sequence:
+
+1. plan: choose how wide to step (``lookahead.tuning``) and pick each sequence's candidates;
+2. run t, the window and the candidates through the model (``lookahead.runner``);
+3. verify each sequence: greedy, seeded sampling (position-keyed noise), or transformers'
+   sampling (the multi-draft rule); accepted tokens plus the bonus token;
+4. emit them one by one through each sequence's stopping criteria;
+5. commit: keep exactly the committed tokens in the cache, shift the windows, pool the new
+   n-grams; sequences that finished (or were cancelled) leave the batch.
+
+Admission (:meth:`Engine.admit`) prefills the newcomers together and merges their cache into
+the running one (the runner's hole-masked layout lets sequences of any length sit side by side);
+the prefill's last position gives each newcomer its first token, exactly as plain decoding.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from .config import LookaheadConfig, LookaheadStats
+from .layout import StepLayout
+from .runner import DecoderRunner, Seq2SeqRunner
+from .sequences import Emitter, SeqState, align, plan_step, step_sizes, use_tree
+from .step import Scorer
+from .support import MaskSpec
+from .tuning import WidthChooser, match_lengths
+from .verify import Verdict, position_noise, verify_greedy, verify_sampling
+
+
+class Engine:
+    """Steps a changing batch of :class:`SeqState` through lookahead decoding.
+
+    ``emitter`` appends tokens (its ``stop_ends_seq`` says whether a stop ends a sequence or, as
+    transformers does without an EOS criterion, it runs on until every sequence has stopped);
+    ``stats`` accumulates over the engine's life; ``on_finish(seq)`` is called for every sequence
+    that leaves the batch.
+    """
+
+    def __init__(
+        self,
+        model,
+        cfg: LookaheadConfig,
+        spec: MaskSpec,
+        chooser: WidthChooser,
+        emitter: Emitter,
+        stats: LookaheadStats,
+        model_kwargs: dict | None = None,
+        on_finish: Callable[[SeqState], None] | None = None,
+    ) -> None:
+        self.model, self.cfg, self.spec = model, cfg, spec
+        self.chooser, self.emitter, self.stats = chooser, emitter, stats
+        self.on_finish = on_finish
+        self.runner = Seq2SeqRunner(model, model_kwargs or {}) if spec.encoder_decoder else DecoderRunner(model, spec)
+        self.active: list[SeqState] = []  # in the runner's batch order
+        self.admitted: list[SeqState] = []  # every sequence since the engine started
+        self.vocab = model.config.get_text_config(decoder=True).vocab_size
+
+    # -- admission -------------------------------------------------------------------------------
+
+    def admit(self, seqs: Sequence[SeqState], prompts: Sequence[Sequence[int]]) -> None:
+        """Prefill ``seqs`` (their prompts without padding) and let them join the batch; each gets
+        its first token from the prefill."""
+        start = time.perf_counter()
+        if self.active:
+            if self.runner.aligned:
+                raise ValueError("encoder-decoder models cannot admit sequences into a running batch")
+            logits = self.runner.admit(prompts)  # [b, V]
+        else:
+            logits = self.runner.prefill(prompts)  # [b, V]
+        self.stats.prefill_seconds += time.perf_counter() - start
+        for b, seq in enumerate(seqs):
+            scorer = Scorer(logits[b : b + 1], None, seq.processors, seq.ids, [], (seq.index, seq.batch_size))
+            if seq.seed is not None:
+                first = scorer.seeded_choice(0, position_noise(seq.seed, len(seq.committed), self.vocab))
+            else:
+                first = scorer.sample(0) if seq.do_sample else scorer.choice(0)
+            self.emitter.emit(seq, [first], [0], scorer)
+            self._pool_output(seq, 1)
+            seq.steps += 1
+        self.stats.steps += 1
+        self.stats.row_steps += len(seqs)
+        self.stats.accepted_hist[0] += len(seqs)
+        self.admitted += seqs
+        self.active = self._drop_finished([*self.active, *seqs])
+
+    def cancel(self, seq: SeqState) -> None:
+        """Let ``seq`` leave the batch at the next step boundary (a client that went away)."""
+        seq.cancelled = True
+
+    # -- one step --------------------------------------------------------------------------------
+
+    def step(self) -> None:
+        """One forward pass over every active sequence (see the module docstring)."""
+        active, cfg, chooser = self._drop_finished(self.active), self.cfg, self.chooser
+        self.active = active
+        if not active:
+            return
+        # 1. plan: as wide as pays (lookahead.tuning), then every sequence's candidates
+        chooser.batch = len(active)
+        matches = [seq.match_length() if chooser.enabled else None for seq in active]
+        limits = [self._limit(seq) for seq in active]
+        sizes = None
+        if chooser.enabled and use_tree(active, cfg):  # price each option by its token tree
+            sizes = step_sizes(active[0], cfg, self.spec, limits[0], chooser.options())
+        choice = chooser.choose(matches, sizes)
+        layout, step_ids = plan_step(active, cfg, choice, self.spec, limits)
+
+        # 2. one forward pass
+        logits = self.runner.step(layout, step_ids)  # [B, K, V]
+
+        # 3. verify each sequence
+        scorers = [
+            Scorer(logits[b], layout, seq.processors, seq.ids, seq.candidates, (seq.index, seq.batch_size))
+            for b, seq in enumerate(active)
+        ]
+        verdicts = [self._verify(seq, scorer, layout) for seq, scorer in zip(active, scorers, strict=True)]
+        for seq, scorer, match in zip(active, scorers, matches, strict=True) if chooser.enabled else ():
+            lengths = match_lengths(seq.candidates, scorer.raw_choice(layout.t_slot), scorer.raw_candidate_choice)
+            chooser.record(choice, max((len(c) for c in seq.candidates), default=0), lengths, match)
+        if self.runner.aligned:
+            verdicts = align(verdicts, active)
+
+        # 4. emit token by token through each sequence's stopping criteria
+        kept = []
+        for seq, verdict, scorer in zip(active, verdicts, scorers, strict=True):
+            slots = [layout.t_slot, *(layout.candidate_slots[k][j] for k, j in verdict.path)]
+            kept.append(self.emitter.emit(seq, verdict.emitted, slots, scorer))
+        chooser.after_step(choice)
+
+        # 5. commit: cache, windows, pools, statistics; drop the sequences that have finished
+        self.runner.commit(layout, [(v.candidate, k) for v, k in zip(verdicts, kept, strict=True)])
+        stats = self.stats
+        for seq, ids, verdict, scorer, count in zip(active, step_ids, verdicts, scorers, kept, strict=True):
+            if layout.level_slots and seq.window.n_levels:
+                outputs = [scorer.raw_choice(s) for s in layout.last_level_slots][: seq.window.window_size]
+                for ngram in seq.window.update(ids[0], outputs):
+                    seq.pool.add(ngram)
+            self._pool_output(seq, count)
+            seq.steps += 1
+            stats.accepted_hist[len(verdict.emitted) - 1] += 1
+            stats.truncated_tokens += len(verdict.emitted) - count
+        stats.steps += 1
+        stats.row_steps += len(active)
+        self.active = self._drop_finished(active)
+
+    def _verify(self, seq: SeqState, scorer: Scorer, layout: StepLayout) -> Verdict:
+        if seq.seed is not None:  # a draw per position, from noise keyed by (seed, position)
+            base = len(seq.committed)
+            noise: dict[int, object] = {}
+
+            def draw(slot: int, index: int) -> int:
+                if index not in noise:
+                    noise[index] = position_noise(seq.seed, index, self.vocab)
+                return scorer.seeded_choice(slot, noise[index])
+
+            first = draw(layout.t_slot, base)
+            return verify_greedy(first, seq.candidates, lambda k, j: draw(layout.candidate_slots[k][j], base + j + 1))
+        if seq.do_sample:
+            return verify_sampling(seq.candidates, scorer.distribution)
+        return verify_greedy(scorer.choice(layout.t_slot), seq.candidates, scorer.candidate_choice)
+
+    # -- bookkeeping -----------------------------------------------------------------------------
+
+    def _pool_output(self, seq: SeqState, emitted: int) -> None:
+        """Pool (and index) the n-grams that end in the tokens just emitted."""
+        if seq.context is not None:
+            seq.context.extend(seq.committed)
+        if self.cfg.pool_from_output:
+            seq.pool.add_sequence(seq.committed, start=len(seq.committed) - emitted - self.cfg.ngram_size + 1)
+
+    def _limit(self, seq: SeqState) -> int:
+        """The length a sequence may reach: its max_length, or, once every sequence has stopped
+        (sequences that run on after their stop), the longest stop."""
+        if self.emitter.stop_ends_seq or any(s.stopped_at is None for s in self.admitted):
+            return seq.max_length
+        return min(seq.max_length, max(s.stopped_at for s in self.admitted))
+
+    def _finished(self, seq: SeqState) -> bool:
+        if seq.cancelled or seq.ids.shape[1] >= seq.max_length:
+            return True
+        if seq.stopped_at is None:
+            return False
+        return self.emitter.stop_ends_seq or seq.ids.shape[1] >= self._limit(seq)
+
+    def _drop_finished(self, seqs: list[SeqState]) -> list[SeqState]:
+        """The sequences still decoding; the runner forgets the others."""
+        keep = [i for i, seq in enumerate(seqs) if not self._finished(seq)]
+        if keep and len(keep) < len(seqs):
+            self.runner.select(keep)
+        for seq in seqs:
+            if not seq.finished and self._finished(seq):
+                seq.finished = True
+                if self.on_finish is not None:
+                    self.on_finish(seq)
+        return [seqs[i] for i in keep]

@@ -1,0 +1,248 @@
+"""The sequences of a batch: what each one has committed, its pool, window and settings, how a
+step is planned for all of them, and how tokens are emitted sequence by sequence.
+
+Words: a *sequence* is one member of the batch (one prompt and its output); a *slot* is one
+position of a step's input (t, a window token, a candidate token; see ``lookahead.layout``).
+
+Sequences share one layout per step (the batch is one forward pass), so a sequence with fewer
+candidates than the widest one gets filler chains, and one that may emit fewer tokens gets its
+candidates cut; filler slots are computed and ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from .config import LookaheadConfig
+from .layout import StepLayout, build_layout, node_tokens, tree_shape
+from .lookup import ContextIndex
+from .pool import NGramPool, SharedPool
+from .step import Scorer
+from .support import MaskSpec
+from .verify import Verdict
+from .window import JacobiWindow
+
+
+@dataclass
+class SeqState:
+    """One sequence of the batch, with its own generation settings."""
+
+    index: int  # position in the caller's batch (processors built for a batch see it there)
+    ids: torch.Tensor  # [1, S + emitted]: the caller's prompt (padding kept) and every emitted token
+    committed: list[int]  # the prompt without padding, then every emitted token
+    pool: NGramPool
+    window: JacobiWindow
+    max_length: int  # len(ids) at which the sequence ends
+    processors: object = None  # LogitsProcessorList or None (greedy argmax of the raw logits)
+    criteria: object = None  # StoppingCriteriaList called with (ids [1, S], scores)
+    do_sample: bool = False
+    seed: int | None = None  # sampling from position-keyed noise (see verify.position_noise)
+    batch_size: int = 1  # size of the batch the processors were built for
+    max_candidates: int | None = None  # this sequence's own cap on G (None: the engine's)
+    ngram_size: int | None = None  # this sequence's own cap on N
+    context: ContextIndex | None = None  # longest-suffix lookup over the committed text
+    shared: SharedPool | None = None  # n-grams of earlier sequences (a server's warm pool)
+    carry: tuple[int, ...] = ()  # verified tokens after t that could not be committed yet
+    candidates: list[tuple[int, ...]] = field(default_factory=list)  # this step's
+    stopped_at: int | None = None  # len(ids) when a stopping criterion first fired
+    steps: int = 0  # forward passes this sequence took part in (its prefill included)
+    finished: bool = False  # left the batch
+    cancelled: bool = False  # asked to leave at the next step boundary
+
+    @property
+    def t(self) -> int:
+        return self.committed[-1]
+
+    def __post_init__(self) -> None:
+        self.start_length = self.ids.shape[1]
+
+    @property
+    def new_tokens(self) -> int:
+        return self.ids.shape[1] - self.start_length
+
+    def match_length(self) -> int | None:
+        """The longest suffix of the text seen earlier, in its own text or an earlier sequence's."""
+        own = self.context.match_length(self.committed) if self.context is not None else None
+        if self.shared is None:
+            return own
+        return max(own or 0, self.shared.match_length(self.committed))
+
+
+def _cap(seq: SeqState, n: int, spec: MaskSpec, limit: int) -> int:
+    """The most candidate tokens seq may verify with n-grams of n: n - 1, fewer near its limit
+    or the end of the model's position table."""
+    if seq.ngram_size is not None:
+        n = min(n, seq.ngram_size)
+    cap = min(n - 1, limit - seq.ids.shape[1] - 1)
+    if spec.max_positions is not None:
+        cap = min(cap, spec.max_positions - len(seq.committed))
+    return cap
+
+
+def _pooled(seq: SeqState, length: int, g: int) -> list[tuple[int, ...]]:
+    """Candidate sources in order of trust, untruncated: the verified tokens the sequence could not
+    commit yet, the longest-suffix lookup over its text, its pool (window n-grams first in
+    recency), then the shared pool of earlier sequences."""
+    pooled = [seq.carry] if seq.carry else []
+    if seq.context is not None:
+        pooled += seq.context.candidates(seq.committed, length, g)
+    pooled += seq.pool.candidates(seq.t, g)
+    if seq.shared is not None:
+        pooled += seq.shared.candidates(seq.committed, length, g)
+    return pooled
+
+
+def _pick(pooled: Sequence[tuple[int, ...]], g: int, length: int) -> list[tuple[int, ...]]:
+    """The first g distinct candidates once cut to ``length`` tokens."""
+    found: list[tuple[int, ...]] = []
+    for candidate in pooled:
+        candidate = tuple(candidate[:length])
+        if candidate and candidate not in found:
+            found.append(candidate)
+            if len(found) == g:
+                break
+    return found
+
+
+def _own_g(seq: SeqState, g: int) -> int:
+    return g if seq.max_candidates is None else min(g, seq.max_candidates)
+
+
+def _levels(seqs: Sequence[SeqState], cfg: LookaheadConfig, spec: MaskSpec, wide: bool) -> int:
+    n_levels = max(seq.window.n_levels for seq in seqs) if wide else 0
+    if spec.max_positions is not None and any(
+        len(seq.committed) - 1 + n_levels + cfg.window_size - 1 > spec.max_positions for seq in seqs
+    ):
+        n_levels = 0  # the window would run past the position table: skip it this step
+    return n_levels
+
+
+def use_tree(seqs: Sequence[SeqState], cfg: LookaheadConfig) -> bool:
+    """Token trees need one layout per sequence: a batch of one (sequences of a batch share it)."""
+    return cfg.token_tree and len(seqs) == 1
+
+
+def step_sizes(
+    seq: SeqState, cfg: LookaheadConfig, spec: MaskSpec, limit: int, options: Sequence[tuple[int, int]]
+) -> dict[tuple[int, int], tuple[int, int]]:
+    """For each option (g, n): the input tokens of the step it would run for this sequence, its
+    candidates merged into a token tree, and how many candidates it would verify. What
+    :class:`lookahead.tuning.WidthChooser` prices: shared prefixes and missing candidates cost
+    nothing, and missing candidates accept nothing."""
+    pooled = _pooled(seq, max(0, _cap(seq, cfg.ngram_size, spec, limit)), cfg.max_candidates)
+    base = build_layout(1, cfg.window_size, _levels([seq], cfg, spec, True)).length  # t and the window
+    sizes = {}
+    for g, n in options:
+        cap = _cap(seq, n, spec, limit)
+        g = _own_g(seq, g)
+        picked = _pick(pooled, g, cap) if cap > 0 and g > 0 else []
+        nodes = {candidate[: j + 1] for candidate in picked for j in range(len(candidate))}  # = tree_shape's
+        sizes[(g, n)] = (base + len(nodes), len(picked))
+    return sizes
+
+
+def plan_step(
+    seqs: Sequence[SeqState], cfg: LookaheadConfig, choice: tuple[int, int], spec: MaskSpec, limits: Sequence[int]
+) -> tuple[StepLayout, list[list[int]]]:
+    """Pick every sequence's candidates (``seq.candidates``) and lay out one step for the batch.
+
+    ``choice`` = (g, n): at most g candidates of n - 1 tokens; (0, 1) is a plain one-token step
+    (no window either). ``limits[b]`` is the length sequence b may reach (so it emits at most
+    ``limits[b] - len(ids)`` tokens). Candidates sharing a prefix share their slots (a token
+    tree) in a batch of one; in a batch, every candidate gets slots of its own, and sequences
+    with fewer candidates get filler chains. Returns the layout and each sequence's input ids [B][L].
+    """
+    g, n = choice
+    wide = n > 1
+    for seq, limit in zip(seqs, limits, strict=True):
+        cap, own_g = _cap(seq, n, spec, limit), _own_g(seq, g)
+        if wide and cap > 0 and own_g > 0:  # looked up as for the widest setting, as step_sizes does
+            pooled = _pooled(seq, _cap(seq, cfg.ngram_size, spec, limit), cfg.max_candidates)
+            seq.candidates = _pick(pooled, own_g, cap)
+        else:
+            seq.candidates = []
+    n_levels = _levels(seqs, cfg, spec, wide)
+    if use_tree(seqs, cfg):
+        (seq,) = seqs
+        shape = tree_shape(seq.candidates)
+        layout = build_layout(1, cfg.window_size, n_levels, shape=shape)
+        window = seq.window.tokens(cfg.window_size, n_levels, seq.t)
+        return layout, [[seq.t, *window, *node_tokens(seq.candidates, shape)]]
+    n_candidates = max(len(seq.candidates) for seq in seqs)
+    cand_len = max((len(c) for seq in seqs for c in seq.candidates), default=0)
+    layout = build_layout(1, cfg.window_size, n_levels, n_candidates, cand_len)
+    step_ids = []
+    for seq in seqs:
+        ids = [seq.t, *seq.window.tokens(cfg.window_size, n_levels, seq.t)]
+        for k in range(n_candidates):
+            candidate = list(seq.candidates[k]) if k < len(seq.candidates) else []
+            ids += candidate + [seq.t] * (cand_len - len(candidate))  # filler: computed, never read
+        step_ids.append(ids)
+    return layout, step_ids
+
+
+def align(verdicts: Sequence[Verdict], seqs: Sequence[SeqState]) -> list[Verdict]:
+    """Aligned runners: every sequence emits as many tokens as the shortest verdict; the verified
+    tokens a sequence cannot emit now become its first candidate next step (``seq.carry``)."""
+    width = min(len(v.emitted) for v in verdicts)
+    out = []
+    for verdict, seq in zip(verdicts, seqs, strict=True):
+        seq.carry = verdict.emitted[width:]
+        out.append(dataclasses.replace(verdict, emitted=verdict.emitted[:width], path=verdict.path[: width - 1]))
+    return out
+
+
+class Emitter:
+    """Appends tokens to sequences as plain decoding would: stopping criteria, streamer, scores."""
+
+    def __init__(self, streamer=None, want_scores: bool = False, want_logits: bool = False, stop_ends_seq: bool = True):
+        self.streamer = streamer
+        self.want_scores, self.want_logits = want_scores, want_logits
+        # with an EOS criterion (or one sequence), a stopped sequence ends; without, transformers
+        # keeps decoding it, unpadded, until every sequence has stopped
+        self.stop_ends_seq = stop_ends_seq
+        self.scores: tuple = ()
+        self.logits: tuple = ()
+
+    def emit(self, seq: SeqState, tokens: Sequence[int], slots: Sequence[int], scorer: Scorer) -> int:
+        """Append tokens one by one until the sequence ends; returns how many were appended."""
+        for count, (token, slot) in enumerate(zip(tokens, slots, strict=True), start=1):
+            if self.want_scores:
+                self.scores += (scorer.processed(slot)[None],)
+            if self.want_logits:
+                self.logits += (scorer.raw(slot)[None],)
+            seq.ids = torch.cat([seq.ids, seq.ids.new_tensor([[token]])], dim=-1)
+            seq.committed.append(token)
+            if self.streamer is not None:
+                self.streamer.put(seq.ids.new_tensor([token]).cpu())
+            if seq.stopped_at is None and self._stops(seq):
+                seq.stopped_at = seq.ids.shape[1]
+                if self.stop_ends_seq:
+                    return count
+        return len(tokens)
+
+    def _stops(self, seq: SeqState) -> bool:
+        if seq.criteria is None or len(seq.criteria) == 0:
+            return False
+        return bool(seq.criteria(seq.ids, self.scores if self.want_scores else None).any())
+
+
+def assemble(seqs: Sequence[SeqState], prompt_len: int, stop_ends_seq: bool, pad_token_id) -> torch.Tensor:
+    """The output [B, S + T] as transformers lays it out: T is the longest sequence up to its stop;
+    shorter ones are padded after their stop; those that ran on past theirs are cut to T."""
+    if stop_ends_seq:
+        total = max(seq.ids.shape[1] for seq in seqs)
+    else:
+        total = max(seq.stopped_at or seq.ids.shape[1] for seq in seqs)
+    first = seqs[0].ids
+    if any(seq.ids.shape[1] < total for seq in seqs) and pad_token_id is None:
+        raise ValueError("sequences of the batch ended at different lengths: set generation_config.pad_token_id")
+    out = first.new_full((len(seqs), total), 0 if pad_token_id is None else int(pad_token_id))
+    for seq in sorted(seqs, key=lambda s: s.index):
+        length = min(total, seq.ids.shape[1])
+        out[seq.index, :length] = seq.ids[0, :length]
+    return out
