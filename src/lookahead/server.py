@@ -1,0 +1,243 @@
+"""An OpenAI-compatible HTTP server over :class:`lookahead.service.Service` (``lookahead serve``).
+
+Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (both with ``stream``),
+``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus). Responses are the ``openai``
+package's own types; ``usage`` is in every response, and the extension field ``lookahead`` says
+how many forward passes the request took part in, its tokens per forward pass and the W/N/G it
+ran with. Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from openai.types import Completion, CompletionChoice, CompletionUsage, Model
+from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage
+from openai.types.chat.chat_completion import Choice as ChatChoice
+from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice
+from openai.types.chat.chat_completion_chunk import ChoiceDelta
+
+from .api import ApiError, parse_request
+from .metrics import Metrics
+from .service import QueueFullError, Service, ShuttingDownError
+from .service import Request as GenRequest
+from .text import TextDecoder
+
+POLL = 0.25  # seconds between checks that a waiting client is still connected
+
+
+@dataclass
+class ServerSettings:
+    model_name: str
+    api_key: str | None = None
+    default_max_tokens: int = 512
+
+
+def create_app(service: Service, tokenizer, settings: ServerSettings, metrics: Metrics) -> FastAPI:
+    """The FastAPI application; ``service`` runs the engine (its thread is stopped on shutdown)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        await asyncio.to_thread(service.shutdown)  # uvicorn has waited for requests in flight
+
+    app = FastAPI(title="lookahead", lifespan=lifespan)
+    max_positions = service.spec.max_positions
+
+    @app.exception_handler(ApiError)
+    async def api_error(request, err: ApiError):
+        metrics.errors.labels(str(err.status)).inc()
+        headers = {"Retry-After": "1"} if err.status == 429 else None
+        return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+    def authorize(request: Request) -> None:
+        if settings.api_key is None:
+            return
+        if request.headers.get("authorization", "") != f"Bearer {settings.api_key}":
+            raise ApiError(401, "invalid or missing API key: send 'Authorization: Bearer KEY'", "invalid_api_key")
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "active": service.active, "queued": service.queue_depth}
+
+    @app.get("/metrics")
+    async def prometheus():
+        metrics.active.set(service.active)
+        metrics.queued.set(service.queue_depth)
+        return PlainTextResponse(metrics.render(), media_type=metrics.content_type)
+
+    @app.get("/v1/models")
+    async def list_models(request: Request):
+        authorize(request)
+        model = Model(id=settings.model_name, created=0, object="model", owned_by="lookahead")
+        return {"object": "list", "data": [model.model_dump()]}
+
+    async def generate(request: Request, chat: bool):
+        authorize(request)
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ApiError(400, f"the body is not valid JSON: {err}") from err
+        parsed = parse_request(body, chat, settings.model_name, tokenizer, max_positions, settings.default_max_tokens)
+        gen = GenRequest(
+            prompt_ids=parsed.prompt_ids,
+            max_tokens=parsed.max_tokens,
+            temperature=parsed.temperature,
+            top_p=parsed.top_p,
+            top_k=parsed.top_k,
+            seed=parsed.seed,
+            lookahead=parsed.lookahead,
+        )
+        try:
+            service.submit(gen)
+        except QueueFullError as err:
+            raise ApiError(429, f"the server is busy ({err}): retry later", "rate_limit_exceeded") from err
+        except ShuttingDownError as err:
+            raise ApiError(503, str(err), "server_shutting_down") from err
+        metrics.requests.labels("chat" if chat else "completions").inc()
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        created = int(time.time())
+        decoder = TextDecoder(tokenizer, parsed.stop)
+        if parsed.stream:
+            return StreamingResponse(
+                _stream(service, gen, decoder, request, chat, rid, created, settings.model_name, parsed.include_usage),
+                media_type="text/event-stream",
+            )
+        try:
+            reason = await _collect(service, gen, decoder, request)
+        except ClientGone:
+            return Response(status_code=499)  # nobody is listening
+        finally:
+            service.cancel(gen)  # no-op once finished; frees the sequence if this task was cancelled
+        usage = _usage(gen, decoder)
+        extra = {"lookahead": _lookahead_info(service, gen)}
+        if chat:
+            message = ChatCompletionMessage(role="assistant", content=decoder.text)
+            choice = ChatChoice(index=0, message=message, finish_reason=reason)
+            out = ChatCompletion(
+                id=rid, object="chat.completion", created=created, model=settings.model_name,
+                choices=[choice], usage=usage, **extra,
+            )  # fmt: skip
+        else:
+            choice = CompletionChoice(index=0, text=decoder.text, finish_reason=reason)
+            out = Completion(
+                id=rid, object="text_completion", created=created, model=settings.model_name,
+                choices=[choice], usage=usage, **extra,
+            )  # fmt: skip
+        return JSONResponse(out.model_dump(exclude_none=True))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await generate(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await generate(request, chat=True)
+
+    return app
+
+
+class ClientGone(Exception):
+    """The client closed its connection."""
+
+
+async def _next(service: Service, gen: GenRequest, decoder: TextDecoder, http: Request) -> tuple[str, str | None]:
+    """The next piece of text and, at the end, the finish reason. A client that went away is
+    noticed within ``POLL`` seconds, even while its request waits in the queue."""
+    while True:
+        try:
+            event = await asyncio.wait_for(gen.events.get(), POLL)
+            break
+        except TimeoutError:
+            if await http.is_disconnected():
+                raise ClientGone from None
+    if event.finish_reason and event.finish_reason.startswith("error"):
+        raise ApiError(500, f"generation failed ({event.finish_reason})", "server_error", kind="server_error")
+    piece = decoder.push(event.tokens)
+    reason = event.finish_reason
+    if decoder.stopped:  # a stop string: the sequence leaves the batch at the next step
+        service.cancel(gen)
+        reason = "stop"
+    if reason:
+        piece += decoder.flush()
+    return piece, reason
+
+
+async def _collect(service: Service, gen: GenRequest, decoder: TextDecoder, http: Request) -> str:
+    while True:
+        _, reason = await _next(service, gen, decoder, http)
+        if reason:
+            return reason
+
+
+async def _stream(service, gen, decoder, http, chat, rid, created, model_name, include_usage):
+    """Server-sent events: one chunk per step that produced text, the finish reason, then
+    (with ``stream_options.include_usage``) a usage chunk, then ``data: [DONE]``."""
+
+    def chunk(text: str | None, reason: str | None, first: bool = False, usage=None) -> str:
+        if chat:
+            delta = ChoiceDelta(role="assistant" if first else None, content=text)
+            choices = [] if usage else [ChunkChoice(index=0, delta=delta, finish_reason=reason)]
+            out = ChatCompletionChunk(
+                id=rid, object="chat.completion.chunk", created=created, model=model_name,
+                choices=choices, usage=usage,
+            )  # fmt: skip
+        else:
+            # streamed completion chunks carry finish_reason null until the last (as OpenAI's do),
+            # which CompletionChoice's type does not admit: built without validation
+            piece = CompletionChoice.model_construct(index=0, text=text or "", finish_reason=reason, logprobs=None)
+            choices = [] if usage else [piece]
+            out = Completion(
+                id=rid, object="text_completion", created=created, model=model_name,
+                choices=choices, usage=usage,
+            )  # fmt: skip
+        if usage:
+            out = out.model_copy(update={"lookahead": _lookahead_info(service, gen)})
+        return f"data: {json.dumps(out.model_dump(exclude_none=True))}\n\n"
+
+    try:
+        if chat:
+            yield chunk("", None, first=True)
+        while True:
+            try:
+                piece, reason = await _next(service, gen, decoder, http)
+            except ClientGone:
+                return
+            except ApiError as err:
+                yield f"data: {json.dumps(err.body())}\n\n"
+                break
+            if piece or reason:
+                yield chunk(piece, reason)
+            if reason:
+                if include_usage:
+                    yield chunk(None, None, usage=_usage(gen, decoder))
+                break
+        yield "data: [DONE]\n\n"
+    finally:
+        service.cancel(gen)  # a client that went away frees its sequence at the next step
+
+
+def _usage(gen: GenRequest, decoder: TextDecoder) -> CompletionUsage:
+    completion = decoder.tokens_used
+    prompt = len(gen.prompt_ids)
+    return CompletionUsage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
+def _lookahead_info(service: Service, gen: GenRequest) -> dict:
+    w, n, g = gen.settings(service.cfg)
+    steps = gen.seq.steps if gen.seq is not None else 0
+    return {
+        "forward_passes": steps,
+        "tokens_per_step": round(gen.sent / steps, 4) if steps else 0.0,
+        "window_size": w,
+        "ngram_size": n,
+        "max_candidates": g,
+        "plain": service.cfg.max_candidates == 0 and service.cfg.window_size == 0,
+    }

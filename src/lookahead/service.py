@@ -1,0 +1,238 @@
+"""Continuous batching for a server: one engine thread, requests joining and leaving at step
+boundaries, and a warm n-gram pool shared across requests.
+
+The engine runs in a thread of its own (torch releases the GIL in its kernels), so the web
+server's event loop stays free. A request is queued by :meth:`Service.submit`; at the next step
+boundary the thread admits queued requests up to ``max_batch_size`` (prefilling them together),
+then steps the batch. After every step each request's new tokens go to its own
+``asyncio.Queue`` as :class:`Event` objects; the last one says why it finished. A cancelled
+request (a client that went away) leaves the batch at the next step boundary.
+
+Each request carries its own settings: ``max_tokens``, greedy or sampling (``temperature``,
+``top_p``, ``top_k``), a ``seed`` and a cap on W/N/G. A sampled request draws each token from
+noise keyed by (seed, position) (``verify.position_noise``), so the same seed gives the same text
+alone or in any batch, with or without lookahead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import random
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+from transformers import (
+    EosTokenCriteria,
+    LogitsProcessorList,
+    StoppingCriteriaList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from .config import LookaheadConfig, LookaheadStats
+from .decoding import make_chooser, new_sequence
+from .engine import Engine
+from .pool import SharedPool
+from .sequences import Emitter, SeqState
+from .support import check_model
+
+logger = logging.getLogger(__name__)
+
+
+class QueueFullError(RuntimeError):
+    """Too many requests are waiting to be admitted; retry later."""
+
+
+class ShuttingDownError(RuntimeError):
+    """The service no longer admits requests."""
+
+
+@dataclass
+class Event:
+    tokens: list[int]  # tokens emitted by the last step
+    finish_reason: str | None = None  # "stop" (EOS), "length", or None while running
+
+
+@dataclass
+class Request:
+    """One generation request and what the engine thread reports back."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    top_k: int | None = None
+    seed: int | None = None
+    lookahead: tuple[int, int, int] | None = None  # (W, N, G) caps, each at most the server's
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    loop: asyncio.AbstractEventLoop | None = None
+    seq: SeqState | None = None
+    sent: int = 0  # tokens already reported
+    cancelled: bool = False
+
+    def settings(self, cfg: LookaheadConfig) -> tuple[int, int, int]:
+        """The (W, N, G) this request runs with: its own caps within the server's."""
+        w, n, g = self.lookahead or (cfg.window_size, cfg.ngram_size, cfg.max_candidates)
+        return min(w, cfg.window_size), min(n, cfg.ngram_size), min(g, cfg.max_candidates)
+
+
+class Service:
+    """The engine thread and its queue. ``cfg`` is the server's lookahead setting (``plain``:
+    one-token steps only, the baseline); ``shared_pool`` the warm pool, or None."""
+
+    def __init__(
+        self,
+        model,
+        cfg: LookaheadConfig,
+        *,
+        max_batch_size: int = 8,
+        max_queue: int = 64,
+        shared_pool: SharedPool | None = None,
+        on_step=None,
+    ) -> None:
+        self.model, self.cfg = model, cfg
+        self.max_batch_size, self.max_queue = max_batch_size, max_queue
+        self.shared_pool = shared_pool
+        self.on_step = on_step  # on_step(seconds, active, forward passes, sequence steps, tokens): metrics
+        spec = check_model(model)
+        if spec.encoder_decoder:
+            raise ValueError("the server runs decoder-only models (requests join a batch mid-way)")
+        self.spec = spec
+        self.stats = LookaheadStats(config=cfg, accepted_hist=[0] * cfg.ngram_size)
+        chooser = make_chooser(model, cfg, spec, 1)
+        self.engine = Engine(model, cfg, spec, chooser, Emitter(), self.stats, on_finish=self._finished)
+        eos = model.generation_config.eos_token_id
+        self.eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+        self._pending: deque[Request] = deque()
+        self._by_seq: dict[int, Request] = {}
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="lookahead-engine", daemon=True)
+        self._thread.start()
+
+    # -- called from the event loop ------------------------------------------------------------
+
+    def submit(self, request: Request) -> None:
+        request.loop = asyncio.get_running_loop()
+        with self._cond:
+            if self._stopping:
+                raise ShuttingDownError("the server is shutting down")
+            if len(self._pending) >= self.max_queue:
+                raise QueueFullError(f"{len(self._pending)} requests are already waiting")
+            self._pending.append(request)
+            self._cond.notify()
+
+    def cancel(self, request: Request) -> None:
+        """Free the request's sequence at the next step boundary (or drop it from the queue)."""
+        with self._cond:
+            request.cancelled = True
+            if request in self._pending:
+                self._pending.remove(request)
+            self._cond.notify()
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._pending)
+
+    @property
+    def active(self) -> int:
+        return len(self.engine.active)
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Stop admitting, finish what is in flight, then stop the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(timeout)
+
+    # -- the engine thread -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        with torch.inference_mode():
+            while True:
+                with self._cond:
+                    while not self._pending and not self.engine.active and not self._stopping:
+                        self._cond.wait()
+                    if self._stopping and not self._pending and not self.engine.active:
+                        return
+                    room = self.max_batch_size - len(self.engine.active)
+                    newcomers = [self._pending.popleft() for _ in range(min(room, len(self._pending)))]
+                for request in self._by_seq.values():
+                    if request.cancelled:
+                        self.engine.cancel(request.seq)
+                try:
+                    self._advance(newcomers)
+                except Exception as err:  # fail every request in flight rather than hang them
+                    logger.exception("engine step failed")
+                    self._fail_all(newcomers, err)
+
+    def _advance(self, newcomers: list[Request]) -> None:
+        start = time.perf_counter()
+        stats = self.stats
+        before = (stats.steps, stats.row_steps, stats.new_tokens)
+        running = list(self._by_seq.values())
+        if newcomers:
+            seqs = [self._sequence(r) for r in newcomers]
+            for request, seq in zip(newcomers, seqs, strict=True):
+                request.seq = seq
+                self._by_seq[id(seq)] = request
+            self.engine.admit(seqs, [r.prompt_ids for r in newcomers])
+        if self.engine.active:
+            self.engine.step()
+        for request in running + newcomers:
+            self._report(request)
+        if self.on_step is not None:
+            after = (stats.steps, stats.row_steps, stats.new_tokens)
+            deltas = [b - a for a, b in zip(before, after, strict=True)]
+            self.on_step(time.perf_counter() - start, len(self.engine.active), *deltas)
+
+    def _sequence(self, request: Request) -> SeqState:
+        w, n, g = request.settings(self.cfg)
+        cfg = dataclasses.replace(self.cfg, window_size=w)
+        ids = torch.tensor([request.prompt_ids], device=self.model.device)
+        max_length = len(request.prompt_ids) + request.max_tokens
+        seq = new_sequence(cfg, 0, ids, request.prompt_ids, max_length, full_window=True, shared=self.shared_pool)
+        seq.max_candidates, seq.ngram_size = g, n
+        seq.criteria = StoppingCriteriaList([EosTokenCriteria(self.eos)]) if self.eos else None
+        if request.temperature > 0:
+            warpers = [TemperatureLogitsWarper(request.temperature)]
+            if request.top_k:
+                warpers.append(TopKLogitsWarper(request.top_k))
+            if request.top_p < 1.0:
+                warpers.append(TopPLogitsWarper(request.top_p))
+            seq.processors = LogitsProcessorList(warpers)
+            seq.seed = request.seed if request.seed is not None else random.getrandbits(63)
+        return seq
+
+    def _finished(self, seq: SeqState) -> None:
+        """Called by the engine when a sequence leaves the batch: feed the warm pool."""
+        request = self._by_seq.get(id(seq))
+        if self.shared_pool is not None and request is not None and not request.cancelled:
+            self.shared_pool.add_text(seq.committed)
+
+    def _report(self, request: Request) -> None:
+        seq = request.seq
+        new = seq.committed[len(request.prompt_ids) + request.sent :]
+        request.sent += len(new)
+        self.stats.new_tokens += len(new)
+        reason = None
+        if seq.finished:
+            self._by_seq.pop(id(seq), None)
+            if request.cancelled:
+                return
+            reason = "stop" if seq.stopped_at is not None else "length"
+        if new or reason:
+            request.loop.call_soon_threadsafe(request.events.put_nowait, Event(new, reason))
+
+    def _fail_all(self, newcomers: list[Request], err: Exception) -> None:
+        requests = {id(r): r for r in [*self._by_seq.values(), *newcomers]}
+        self._by_seq.clear()
+        self.engine.active = []
+        for request in requests.values():
+            request.loop.call_soon_threadsafe(request.events.put_nowait, Event([], f"error: {err}"))

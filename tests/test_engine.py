@@ -1,0 +1,190 @@
+"""The step-level engine as a server drives it: sequences join a running batch at step
+boundaries and leave when done; seeded sampling; the warm pool; streaming text with stop strings.
+Tiny random-weight models, fp32; the real server is tested in test_server.py.
+"""
+
+import asyncio
+import collections
+import math
+
+import pytest
+import torch
+from tiny_models import CONFIGS, repetitive_prompt, tiny_model
+from transformers import (
+    EosTokenCriteria,
+    LogitsProcessorList,
+    StoppingCriteriaList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+)
+
+from lookahead import LookaheadConfig, LookaheadStats
+from lookahead.decoding import make_chooser, new_sequence
+from lookahead.engine import Engine
+from lookahead.pool import SharedPool
+from lookahead.sequences import Emitter
+from lookahead.service import Request, Service
+from lookahead.support import check_model
+from lookahead.text import TextDecoder
+from lookahead.verify import position_noise
+
+NEW = 30
+
+
+def run_engine(model, cfg, prompts, arrivals, *, seeds=None, temperature=None, shared=None):
+    """Admit prompt i at step ``arrivals[i]`` of a running engine -> (texts, stats)."""
+    spec = check_model(model)
+    stats = LookaheadStats(config=cfg, accepted_hist=[0] * cfg.ngram_size)
+    engine = Engine(model, cfg, spec, make_chooser(model, cfg, spec, 1), Emitter(), stats)
+    seqs, step = {}, 0
+    while len(seqs) < len(prompts) or engine.active:
+        due = [i for i, at in enumerate(arrivals) if at == step and i not in seqs]
+        for i in due:
+            prompt = prompts[i]
+            seqs[i] = seq = new_sequence(cfg, 0, torch.tensor([prompt]), prompt, len(prompt) + NEW,
+                                         full_window=True, shared=shared)  # fmt: skip
+            seq.criteria = StoppingCriteriaList([EosTokenCriteria(model.generation_config.eos_token_id)])
+            if seeds is not None:
+                seq.seed = seeds[i]
+                seq.processors = LogitsProcessorList([TemperatureLogitsWarper(temperature), TopKLogitsWarper(20)])
+        if due:
+            engine.admit([seqs[i] for i in due], [prompts[i] for i in due])
+        engine.step()
+        step += 1
+    return [seqs[i].committed[len(prompts[i]) :] for i in range(len(prompts))], stats
+
+
+@pytest.mark.parametrize("arch", sorted(CONFIGS))
+@pytest.mark.parametrize("setting", [(4, 4, 4), (0, 4, 4)])
+def test_sequences_joining_a_running_batch_match_generate_alone(arch, setting):
+    model = tiny_model(arch)
+    prompts = [repetitive_prompt(n, seed)[0].tolist() for seed, n in enumerate((24, 7, 30, 12, 18))]
+    arrivals = [0, 0, 3, 5, 11]  # two at once, then three joining a running batch
+    cfg = LookaheadConfig(*setting)
+    texts, stats = run_engine(model, cfg, prompts, arrivals)
+    for prompt, text in zip(prompts, texts, strict=True):
+        expected = model.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False)
+        assert text == expected[0, len(prompt) :].tolist(), (arch, setting)
+    assert sum(stats.accepted_hist[1:]) > 0  # multi-token steps happened
+    assert stats.row_steps > stats.steps  # and the sequences shared forward passes
+
+
+def test_seeded_sampling_is_the_same_alone_in_a_batch_and_without_lookahead():
+    """Noise keyed by (seed, position): the text depends on the seed and prompt only."""
+    model = tiny_model("llama")
+    prompts = [repetitive_prompt(n, seed)[0].tolist() for seed, n in enumerate((24, 9, 17))]
+    seeds = [11, 12, 13]
+    alone = [run_engine(model, LookaheadConfig(0, 4, 4), [p], [0], seeds=[s], temperature=0.7)[0][0]
+             for p, s in zip(prompts, seeds, strict=True)]  # fmt: skip
+    batched, stats = run_engine(model, LookaheadConfig(4, 4, 4), prompts, [0, 2, 5], seeds=seeds, temperature=0.7)
+    plain, _ = run_engine(model, LookaheadConfig(0, 2, 0), prompts, [0, 0, 0], seeds=seeds, temperature=0.7)
+    assert batched == alone == plain
+    assert sum(stats.accepted_hist[1:]) > 0
+    other, _ = run_engine(model, LookaheadConfig(0, 4, 4), prompts[:1], [0], seeds=[99], temperature=0.7)
+    assert other[0] != alone[0]
+
+
+def test_position_noise_samples_the_processed_distribution_exactly():
+    """Gumbel-max with position-keyed noise: over many seeds, the token drawn from fixed logits
+    follows softmax(logits) (chi-square). Adding the noise to probabilities instead of logits,
+    a plausible slip, fails the same test."""
+    logits = torch.tensor([2.0, 1.5, 1.0, 0.2, -0.5, -1.0, -3.0, 0.8])
+    probs = torch.softmax(logits.double(), dim=-1)
+
+    def chi2_pvalue(scores: torch.Tensor) -> float:
+        counts = collections.Counter(
+            int((scores + position_noise(seed, 5, len(logits))).argmax()) for seed in range(4000)
+        )
+        expected = probs * 4000
+        stat = sum((counts.get(i, 0) - e) ** 2 / e for i, e in enumerate(expected.tolist()))
+        # survival function of chi-square with 7 degrees of freedom (Wilson-Hilferty)
+        k = len(logits) - 1
+        z = ((stat / k) ** (1 / 3) - (1 - 2 / (9 * k))) / math.sqrt(2 / (9 * k))
+        return 0.5 * math.erfc(z / math.sqrt(2))
+
+    assert chi2_pvalue(logits.double()) > 1e-3
+    assert chi2_pvalue(probs) < 1e-6  # the slip is caught
+    # positions draw independent noise; the same (seed, position) the same noise
+    assert not torch.equal(position_noise(1, 5, 8), position_noise(1, 6, 8))
+    assert torch.equal(position_noise(1, 5, 8), position_noise(1, 5, 8))
+
+
+def test_shared_pool_raises_acceptance_without_changing_outputs():
+    model = tiny_model("llama")
+    prompt = repetitive_prompt(20, 3)[0].tolist()
+    cfg = LookaheadConfig(0, 4, 4, seed_pool_from_prompt=False, pool_from_output=False, context_lookup=False)
+    shared = SharedPool()
+    first, _ = run_engine(model, cfg, [prompt], [0], shared=shared)
+    shared.add_text(prompt + first[0])  # what the service does when a request finishes
+    again, warm = run_engine(model, cfg, [prompt], [0], shared=shared)
+    cold_text, cold = run_engine(model, cfg, [prompt], [0])
+    assert again == first == cold_text
+    assert warm.steps < cold.steps
+
+
+def test_shared_pool_is_bounded_by_entries_and_bytes():
+    pool = SharedPool(max_entries=50, span=4)
+    pool.add_text(list(range(100)))
+    assert len(pool) == 50
+    assert pool.candidates([97, 98], length=4, limit=2) == [(99,)]  # the newest survive
+    assert pool.candidates([3], length=4, limit=2) == []  # the oldest went first
+    small = SharedPool(max_bytes=2000, span=4)
+    small.add_text(list(range(100)))
+    assert small.nbytes <= 2000 and len(small) > 0
+    with pytest.raises(ValueError):
+        SharedPool(max_entries=0)
+
+
+class CharTokenizer:
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(ord("a") + i) if i < 26 else "\ufffd" for i in ids)
+
+
+def test_text_decoder_holds_back_stop_prefixes_and_cuts_at_the_stop():
+    decoder = TextDecoder(CharTokenizer(), stop=["cde"])
+    assert decoder.push([0, 1]) == "ab"
+    assert decoder.push([2]) == ""  # "c" may start "cde"
+    assert decoder.push([3, 25]) == "cdz" and not decoder.stopped  # "cdz" cannot grow into "cde"
+    decoder = TextDecoder(CharTokenizer(), stop=["cde"])
+    pieces = [decoder.push([i]) for i in (0, 1, 2, 3, 4, 5)]
+    assert "".join(pieces) + decoder.flush() == "ab" and decoder.stopped
+    assert decoder.tokens_used == 5  # the token that completed the stop string counts
+    plain = TextDecoder(CharTokenizer())
+    assert plain.push([0, 30]) == "a"  # an incomplete character is held back
+    assert plain.flush() == "\ufffd"
+
+
+def test_service_admits_requests_as_they_arrive_and_frees_cancelled_ones():
+    """The service's engine thread, driven from an event loop as the server drives it."""
+    model = tiny_model("llama")
+    prompts = [repetitive_prompt(n, seed)[0].tolist() for seed, n in enumerate((24, 7, 30, 12))]
+    service = Service(model, LookaheadConfig(0, 4, 4), max_batch_size=3, max_queue=8, shared_pool=SharedPool())
+
+    async def one(prompt, delay, cancel=False):
+        await asyncio.sleep(delay)
+        request = Request(prompt_ids=prompt, max_tokens=NEW)
+        service.submit(request)
+        tokens, reason = [], None
+        while reason is None:
+            event = await request.events.get()
+            tokens += event.tokens
+            reason = event.finish_reason
+            if cancel and tokens:
+                service.cancel(request)
+                return tokens, "cancelled"
+        return tokens, reason
+
+    async def main():
+        jobs = [one(p, 0.02 * i) for i, p in enumerate(prompts)] + [one(prompts[0], 0.0, cancel=True)]
+        return await asyncio.gather(*jobs)
+
+    try:
+        results = asyncio.run(main())
+        for prompt, (tokens, reason) in zip(prompts, results, strict=False):
+            expected = model.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False)
+            assert tokens == expected[0, len(prompt) :].tolist()
+            assert reason in ("length", "stop")
+        assert results[-1][1] == "cancelled"
+    finally:
+        service.shutdown(timeout=30)
+    assert service.active == 0 and service.queue_depth == 0

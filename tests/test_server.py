@@ -1,0 +1,348 @@
+"""`lookahead serve` as its users meet it: a real uvicorn process on a free port of 127.0.0.1, the
+real `openai` client (sync and async), the bundled SmolLM2 in fp32.
+
+Two servers run for the module: A (shared warm pool, API key, batches of 8) and B (no shared pool,
+batches of 2, a queue of 2). Both use fixed W/N/G = (0, 4, 4), so that their step shapes, hence
+their tokens per step, do not depend on timing. Marked slow (about two minutes); CI runs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+import openai
+import pytest
+
+from lookahead import models
+
+pytestmark = pytest.mark.slow
+
+KEY = "test-key"
+NEW_TOKENS = 24
+CODE = [
+    "def fibonacci(n):",
+    'def is_palindrome(s: str) -> bool:\n    """Return True if s reads the same forwards and backwards."""\n',
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
+    "import math\n\n\ndef area_of_circle(radius):",
+    "# Sort a list of numbers with bubble sort\ndef bubble_sort(numbers):",
+    "def count_words(text):\n    counts = {}\n    for word in text.split():\n",
+    "SELECT name, COUNT(*) FROM orders",
+    "The capital of France is",
+]
+PROMPTS = CODE + [p + "\n" for p in CODE]  # 16 prompts of mixed lengths
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    def __init__(self, *args: str) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "lookahead.cli", "serve", "--model", "smollm2", "--dtype", "float32"]
+        cmd += ["--port", str(self.port), "-W", "0", "-N", "4", "-G", "4", *args]
+        self.log = tempfile.TemporaryFile(mode="w+")  # read back when the server fails
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, text=True)
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.output()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        self.stop()
+        raise RuntimeError("server did not start in 180 s")
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
+    def metric(self, name: str) -> float:
+        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        match = re.search(rf"^{name} (\S+)$", text, re.M)
+        return float(match.group(1))
+
+    def wait_idle(self, seconds: float = 30) -> bool:
+        """Whether no sequence is active and none queued, three reads in a row, within ``seconds``
+        (a queued request whose client left may still be admitted once before it is freed)."""
+        deadline, quiet = time.time() + seconds, 0
+        while time.time() < deadline and quiet < 3:
+            idle = self.metric("lookahead_active_sequences") == self.metric("lookahead_queue_depth") == 0
+            quiet = quiet + 1 if idle else 0
+            time.sleep(0.3)
+        return quiet >= 3
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return -9
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return models.load("smollm2", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def server_a():
+    server = Server("--api-key", KEY, "--max-batch-size", "8")
+    yield server
+    assert server.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def server_b():
+    server = Server("--no-shared-pool", "--max-batch-size", "2", "--max-queue", "2")
+    yield server
+    server.stop()
+
+
+def client(server: Server, key: str = KEY, cls=openai.OpenAI):
+    return cls(base_url=f"{server.url}/v1", api_key=key, max_retries=0, timeout=300)
+
+
+def reference(smollm2, prompt: str, new_tokens: int = NEW_TOKENS) -> str:
+    model, tokenizer = smollm2
+    ids = tokenizer(prompt, return_tensors="pt")
+    out = model.generate(**ids, max_new_tokens=new_tokens, do_sample=False)
+    return tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
+
+
+async def _complete(server, prompt: str, delay: float, stream: bool, **kwargs) -> str:
+    await asyncio.sleep(delay)
+    async with client(server, cls=openai.AsyncOpenAI) as api:
+        if not stream:
+            out = await api.completions.create(model="smollm2", prompt=prompt, **kwargs)
+            return out.choices[0].text
+        pieces = []
+        async for chunk in await api.completions.create(model="smollm2", prompt=prompt, stream=True, **kwargs):
+            pieces += [c.text for c in chunk.choices]
+        return "".join(pieces)
+
+
+def test_concurrent_greedy_requests_match_generate_alone(server_a, smollm2):
+    """16 requests arriving at different times (so they join a running batch), half of them
+    streamed: each text equals model.generate on its prompt alone."""
+
+    async def run():
+        jobs = [
+            _complete(server_a, p, delay=0.3 * i, stream=i % 2 == 1, max_tokens=NEW_TOKENS, temperature=0)
+            for i, p in enumerate(PROMPTS)
+        ]
+        return await asyncio.gather(*jobs)
+
+    passes_before = server_a.metric("lookahead_forward_passes_total")
+    texts = asyncio.run(run())
+    for prompt, text in zip(PROMPTS, texts, strict=True):
+        assert text == reference(smollm2, prompt), prompt
+    passes = server_a.metric("lookahead_forward_passes_total") - passes_before
+    assert passes < len(PROMPTS) * NEW_TOKENS / 2, "requests were not batched together"
+
+
+def test_streamed_equals_non_streamed_chat(server_a):
+    api = client(server_a)
+    messages = [{"role": "user", "content": "List three prime numbers."}]
+    whole = api.chat.completions.create(model="smollm2", messages=messages, max_tokens=32, temperature=0)
+    chunks = list(
+        api.chat.completions.create(
+            model="smollm2",
+            messages=messages,
+            max_tokens=32,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == whole.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert whole.usage.prompt_tokens > 0 and whole.model_extra["lookahead"]["forward_passes"] >= 1
+
+
+def test_seeded_sampling_same_alone_and_in_a_busy_batch(server_a):
+    api = client(server_a)
+    prompt = "Once upon a time"
+
+    def sample(seed: int) -> str:
+        out = api.completions.create(
+            model="smollm2", prompt=prompt, seed=seed, max_tokens=32, temperature=0.9, top_p=0.95,
+            extra_body={"top_k": 50},
+        )  # fmt: skip
+        return out.choices[0].text
+
+    alone = sample(7)
+
+    async def busy():
+        others = [_complete(server_a, p, 0.0, False, max_tokens=40, temperature=0.8) for p in PROMPTS[:6]]
+        mine = asyncio.to_thread(sample, 7)
+        return (await asyncio.gather(mine, *others))[0]
+
+    assert asyncio.run(busy()) == alone
+    assert sample(8) != alone  # another seed, another draw (32 tokens at temperature 0.9)
+
+
+def test_errors_have_openai_shape(server_a, smollm2):
+    url, auth = server_a.url, {"Authorization": f"Bearer {KEY}"}
+    _, tokenizer = smollm2
+    long_prompt = "hello " * 9000  # past SmolLM2's 8192 positions
+
+    def post(body, path="/v1/completions", headers=auth, raw=None):
+        return httpx.post(f"{url}{path}", json=body if raw is None else None, content=raw, headers=headers, timeout=60)
+
+    ok = {"model": "smollm2", "prompt": "hi", "max_tokens": 2}
+    cases = [
+        (post(None, raw=b"{not json", headers={**auth, "content-type": "application/json"}), 400, None),
+        (post({**ok, "max_tokens": "many"}), 400, "max_tokens"),
+        (post({**ok, "temperature": 5}), 400, "temperature"),
+        (post({**ok, "prompt": long_prompt}), 400, "prompt"),
+        (post({**ok, "max_tokens": 9000}), 400, "max_tokens"),
+        (post({**ok, "n": 2}), 400, "n"),
+        (post({**ok, "logprobs": 3}), 400, "logprobs"),
+        (post({**ok, "frobnicate": 1}), 400, "frobnicate"),
+        (
+            post(
+                {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]},
+                path="/v1/chat/completions",
+            ),
+            400,
+            "tools",
+        ),  # fmt: skip
+        (post({**ok, "lookahead": {"ngram_size": 1}}), 400, "ngram_size"),
+        (post({**ok, "model": "gpt-4"}), 404, "model"),
+        (post(ok, headers={}), 401, None),
+        (post(ok, headers={"Authorization": "Bearer wrong"}), 401, None),
+    ]
+    for response, status, param in cases:
+        assert response.status_code == status, response.text
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["message"]
+        assert error["param"] == param, error
+    with pytest.raises(openai.AuthenticationError):
+        client(server_a, key="wrong").models.list()
+    with pytest.raises(openai.NotFoundError):
+        client(server_a).completions.create(model="nope", prompt="hi", max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="'n'"):
+        client(server_a).completions.create(model="smollm2", prompt="hi", max_tokens=2, n=2)
+
+
+def test_models_health_metrics(server_a):
+    assert [m.id for m in client(server_a).models.list()] == ["smollm2"]
+    assert httpx.get(f"{server_a.url}/health").json()["status"] == "ok"
+    text = httpx.get(f"{server_a.url}/metrics").text
+    for name in ("requests_total", "active_sequences", "queue_depth", "generated_tokens_total",
+                 "forward_passes_total", "tokens_per_step", "step_seconds_bucket"):  # fmt: skip
+        assert f"lookahead_{name}" in text
+
+
+def test_dropped_streams_free_their_sequences(server_a):
+    """8 clients drop their streams after the first chunks: no sequence stays active."""
+    body = {"model": "smollm2", "prompt": "Count from one to a hundred:", "max_tokens": 200, "stream": True}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with httpx.Client(timeout=60) as http:
+        streams = [http.stream("POST", f"{server_a.url}/v1/completions", json=body, headers=headers) for _ in range(8)]
+        for stream in streams:
+            response = stream.__enter__()
+            next(response.iter_lines())  # the first chunk has come
+        assert server_a.metric("lookahead_active_sequences") > 0
+        for stream in streams:
+            stream.__exit__(None, None, None)
+    assert server_a.wait_idle(), server_a.output()
+    assert server_a.metric("lookahead_generated_tokens_total") >= 8
+
+
+def test_per_request_lookahead_settings_are_capped_and_honoured(server_a, smollm2):
+    api = client(server_a)
+    prompt = CODE[1]
+    plain = api.completions.create(model="smollm2", prompt=prompt, max_tokens=NEW_TOKENS, temperature=0,
+                                   extra_body={"lookahead": {"max_candidates": 0}})  # fmt: skip
+    capped = api.completions.create(model="smollm2", prompt=prompt, max_tokens=NEW_TOKENS, temperature=0,
+                                    extra_body={"lookahead": {"max_candidates": 99, "ngram_size": 3}})  # fmt: skip
+    info = plain.model_extra["lookahead"]
+    assert info["max_candidates"] == 0 and info["forward_passes"] == plain.usage.completion_tokens
+    assert capped.model_extra["lookahead"]["max_candidates"] == 4  # the server's G
+    assert capped.model_extra["lookahead"]["ngram_size"] == 3
+    assert plain.choices[0].text == capped.choices[0].text == reference(smollm2, prompt)
+
+
+def test_warm_pool_raises_tokens_per_step_not_outputs(server_a, server_b):
+    """16 related requests (the same code, different edits asked), one after another: with the
+    shared pool, later requests draw candidates from earlier outputs."""
+    code = CODE[5] + "        counts[word] = counts.get(word, 0) + 1\n    return counts\n"
+    asks = ["Add type hints", "Add a docstring", "Make it case-insensitive", "Ignore punctuation"]
+    prompts = [f"{code}\n# {ask} to count_words{'.' * k}\ndef count_words(" for k in range(4) for ask in asks]
+
+    def run(server) -> tuple[list[str], float]:
+        api, texts, tokens, passes = client(server), [], 0, 0
+        for prompt in prompts:
+            out = api.completions.create(model="smollm2", prompt=prompt, max_tokens=48, temperature=0)
+            texts.append(out.choices[0].text)
+            tokens += out.usage.completion_tokens
+            passes += out.model_extra["lookahead"]["forward_passes"]
+        return texts, tokens / passes
+
+    shared_texts, shared_rate = run(server_a)
+    alone_texts, alone_rate = run(server_b)
+    assert shared_texts == alone_texts
+    print(f"tokens per forward pass: shared pool {shared_rate:.2f}, without {alone_rate:.2f}")
+    assert shared_rate > alone_rate * 1.1
+
+
+def test_full_queue_gets_429_with_retry_after(server_b):
+    """Server B decodes 2 sequences and queues 2 more: a fifth request is refused with 429."""
+    body = {"model": "smollm2", "prompt": "Count from one to a hundred:", "max_tokens": 400, "stream": True}
+    with httpx.Client(timeout=120) as http:
+        streams = [http.stream("POST", f"{server_b.url}/v1/completions", json=body) for _ in range(4)]
+        entered = []
+        try:
+            for stream in streams:  # a streamed answer's headers come once the request is queued
+                entered.append(stream.__enter__())
+            deadline = time.time() + 30
+            while server_b.metric("lookahead_queue_depth") < 2 and time.time() < deadline:
+                time.sleep(0.1)
+            assert server_b.metric("lookahead_queue_depth") == 2
+            refused = http.post(f"{server_b.url}/v1/completions", json={**body, "stream": False})
+            assert refused.status_code == 429 and int(refused.headers["Retry-After"]) >= 1
+            assert refused.json()["error"]["type"] == "rate_limit_error"
+        finally:
+            for stream in streams[: len(entered)]:
+                stream.__exit__(None, None, None)
+    assert server_b.wait_idle(), server_b.output()
+
+
+def test_sigterm_finishes_requests_in_flight_then_exits_0(smollm2):
+    server = Server("--max-batch-size", "2")
+    try:
+        api = client(server)
+
+        async def run():
+            request = asyncio.to_thread(
+                api.completions.create, model="smollm2", prompt=CODE[0], max_tokens=NEW_TOKENS, temperature=0
+            )
+            task = asyncio.ensure_future(request)
+            await asyncio.sleep(1.0)  # the request is being decoded
+            os.kill(server.proc.pid, signal.SIGTERM)
+            return await task
+
+        out = asyncio.run(run())
+        assert out.choices[0].text == reference(smollm2, CODE[0])
+        assert server.proc.wait(timeout=60) == 0
+    finally:
+        server.stop()
