@@ -110,6 +110,29 @@ def test_rows_stopped_by_user_criteria_run_on_as_in_transformers():
     assert got.tolist() == expected.tolist()
 
 
+class StopByIndex(StoppingCriteria):
+    """Stops sequence b of the batch once it is ``length + 4 * b`` long: it reads the batch index,
+    so it only works if each sequence is shown at its own index."""
+
+    def __init__(self, length):
+        self.length = length
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids.shape[1] >= self.length + 4 * torch.arange(input_ids.shape[0])
+
+
+def test_stopping_criteria_see_each_sequence_at_its_batch_index():
+    model = tiny_model("llama")
+    ids, mask = left_padded(LENGTHS[3], seed=8)
+    kwargs = dict(attention_mask=mask, max_new_tokens=30, do_sample=False, eos_token_id=95, pad_token_id=0)
+    criteria = [StopByIndex(ids.shape[1] + 5)]
+    expected = model.generate(ids, stopping_criteria=criteria, **kwargs)
+    got = model.generate(ids, stopping_criteria=criteria, custom_generate=Lookahead(4, 4, 4), **kwargs)
+    assert expected.shape[1] == ids.shape[1] + 5 + 8  # the last sequence stopped last, by its index
+    assert (expected[0, ids.shape[1] + 5 :] == 0).all()  # the first was padded after its own stop
+    assert got.tolist() == expected.tolist()
+
+
 def test_stop_strings_in_a_batch():
     model, tok = tiny_model("llama"), char_tokenizer()
     ids, mask = left_padded(LENGTHS[3], seed=6)

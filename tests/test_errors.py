@@ -128,3 +128,20 @@ def test_flash_attention_is_refused():
     model.config._attn_implementation = "flash_attention_2"  # as if loaded with it; no GPU needed
     with pytest.raises(UnsupportedModelError, match="attn_implementation='sdpa' or 'eager'"):
         model.generate(repetitive_prompt(), custom_generate=Lookahead(), max_new_tokens=3)
+
+
+def test_inputs_the_loop_does_not_pass_on_are_refused_by_name():
+    model, prompt = tiny_model("llama"), repetitive_prompt()
+    with pytest.raises(ValueError, match="token_type_ids"):
+        generate(model, prompt, token_type_ids=torch.zeros_like(prompt))
+    with pytest.raises(ValueError, match="position_ids"):
+        generate(model, prompt, position_ids=torch.arange(prompt.shape[1])[None] + 5)
+    # the standard positions are what the loop uses anyway: accepted
+    out = generate(model, prompt, position_ids=torch.arange(prompt.shape[1])[None], do_sample=False)
+    assert out.tolist() == model.generate(prompt, max_new_tokens=5, do_sample=False).tolist()
+
+
+def test_stateful_logits_processors_are_refused():
+    model, prompt = tiny_model("llama"), repetitive_prompt()
+    with pytest.raises(ValueError, match="UnbatchedClassifierFreeGuidanceLogitsProcessor"):
+        generate(model, prompt, guidance_scale=1.5, do_sample=False)

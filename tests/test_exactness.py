@@ -4,6 +4,7 @@ Tiny random-weight models of nine architectures, fp32, several (W, N, G) includi
 Each case also counts forward passes, so that the multi-token (acceptance) path is proven to run.
 """
 
+import copy
 import dataclasses
 
 import pytest
@@ -130,3 +131,51 @@ def test_token_trees_match_greedy(arch, monkeypatch):
             saved[setting, tree] += sum(tokens - nodes for tokens, nodes in steps)
     for (setting, tree), rows in saved.items():
         assert rows > 0 if tree else rows == 0, (arch, setting, tree, rows)
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "gpt2", "gemma3_text", "phi3"])
+def test_eager_attention_matches_greedy(arch):
+    """The README promises eager attention as well as sdpa: the same invariant, eager kernels."""
+    model = copy.deepcopy(tiny_model(arch))
+    model.set_attn_implementation("eager")
+    assert model.config._attn_implementation == "eager"
+    for setting in [(4, 4, 4), (0, 4, 4)]:
+        for seed in range(2):
+            prompt = repetitive_prompt(24, seed)
+            expected = model.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False)
+            lookahead = Lookahead(*setting)
+            got = model.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, custom_generate=lookahead)
+            assert got.tolist() == expected.tolist(), f"{arch} {setting} prompt {seed}"
+            assert lookahead.last_stats.steps < lookahead.last_stats.new_tokens
+
+
+@pytest.mark.parametrize("arch", ["mistral", "gemma3_text"])
+def test_sliding_layers_keep_a_bounded_cache_over_a_long_generation(arch):
+    """Sliding-window layers drop what no window reaches again: over 400 new tokens their cache
+    stays within the window plus a step, while full-attention layers hold every token; the
+    output stays exact."""
+    model = tiny_model(arch)
+    spec = check_model(model)
+    window, sliding = spec.sliding_window, spec.sliding_layers(model.config)
+    assert sliding
+    prompt = repetitive_prompt(24, 4)
+    expected = model.generate(prompt, max_new_tokens=400, do_sample=False)
+    lengths = []
+
+    def record(module, args, kwargs):
+        cache = kwargs.get("cache")
+        if cache is not None and cache.layers and cache.layers[0].is_initialized:
+            lengths.append([layer.keys.shape[2] for layer in cache.layers])
+
+    handle = model.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        got = model.generate(prompt, max_new_tokens=400, do_sample=False, custom_generate=Lookahead(4, 4, 4))
+    finally:
+        handle.remove()
+    assert got.tolist() == expected.tolist()
+    longest = [max(step[i] for step in lengths) for i in range(len(lengths[0]))]
+    for i, most in enumerate(longest):
+        if i in sliding:
+            assert most < window + 8, (i, most)  # the window, plus a step's committed tokens
+        else:
+            assert most >= expected.shape[1] - 8, (i, most)  # full attention keeps everything

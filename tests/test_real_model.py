@@ -116,6 +116,21 @@ def test_cli_generate_compare(capsys):
     assert "outputs identical" in out
 
 
+def test_cli_samples_and_compares_speed_only(capsys):
+    from lookahead.cli import main
+
+    args = ["generate", "def add(a, b):", "--max-new-tokens", "12", "--temperature", "0.8", "--top-p", "0.9"]
+    assert main([*args, "--top-k", "20", "--repetition-penalty", "1.1", "--seed", "3", "--compare"]) == 0
+    out = capsys.readouterr().out
+    assert "sampled: the texts are two draws" in out and "tokens/s ratio" in out
+    assert main([*args, "--seed", "3"]) == 0
+    first = capsys.readouterr().out.split("[lookahead")[0]
+    assert main([*args, "--seed", "3"]) == 0
+    assert capsys.readouterr().out.split("[lookahead")[0] == first  # the same seed, the same text
+    assert main(["generate", "hi", "--top-k", "5"]) == 1  # top-k without temperature: refused
+    assert "--temperature > 0" in capsys.readouterr().err
+
+
 def test_cli_errors_are_one_line(capsys):
     from lookahead.cli import main
 
@@ -130,15 +145,20 @@ def test_cli_errors_are_one_line(capsys):
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
-def test_bf16_runs_and_reports(smollm2):
-    """bf16 is where speed is measured; it must run (exactness there is studied, not asserted)."""
+def test_bf16_runs_and_reports(smollm2, count_forwards):
+    """bf16 is where speed is measured; it must run and report what it did (exactness there is
+    studied, not asserted): its statistics agree with the forward passes counted."""
     model, tokenizer = smollm2
     model16 = model.to(torch.bfloat16)
     try:
         inputs = encode(tokenizer, CODE[0], chat=False)
         lookahead = Lookahead(4, 4, 4)
+        model16.generate(**inputs, max_new_tokens=2, do_sample=False, custom_generate=lookahead)  # probe first
+        counter = count_forwards(model16)
         out = model16.generate(**inputs, max_new_tokens=16, do_sample=False, custom_generate=lookahead)
-        assert out.shape[1] == inputs["input_ids"].shape[1] + 16
-        assert lookahead.last_stats.steps <= 16
+        stats = lookahead.last_stats
+        assert out.shape[1] == inputs["input_ids"].shape[1] + 16 == inputs["input_ids"].shape[1] + stats.new_tokens
+        assert counter.count == stats.steps == sum(stats.accepted_hist)
+        assert stats.tokens_per_step == 16 / stats.steps
     finally:
         model.to(torch.float32)

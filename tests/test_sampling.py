@@ -12,7 +12,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from lookahead import Lookahead
-from lookahead.verify import verify_sampling
+from lookahead.verify import Verdict, verify_sampling
 
 ALPHA = 1e-3
 SAMPLES = 1500
@@ -24,6 +24,8 @@ MIXES = {
     "temperature+top_k": dict(temperature=0.7, top_k=6),
     "top_p+repetition_penalty": dict(top_p=0.9, repetition_penalty=1.3),
     "min_p+no_repeat_ngram+bias": dict(min_p=0.05, no_repeat_ngram_size=3, sequence_bias={(9,): 2.0}),
+    "typical_p+epsilon_cutoff": dict(typical_p=0.8, epsilon_cutoff=0.05),
+    "eta_cutoff": dict(eta_cutoff=0.1, temperature=0.9),
 }
 
 
@@ -177,23 +179,17 @@ def test_token_tree_samples_as_the_same_candidates_on_their_own_rows(monkeypatch
     assert sum(shared) > 0
 
 
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        dict(typical_p=0.9),
-        dict(epsilon_cutoff=3e-4),
-        dict(eta_cutoff=1e-3),
-        dict(bad_words_ids=[[3]], suppress_tokens=[4], begin_suppress_tokens=[8], min_new_tokens=3),
-    ],
-    ids=lambda d: "+".join(d),
-)
-def test_other_processors_run_and_are_honoured(kwargs):
+def test_suppression_processors_are_honoured():
+    """Tokens that bad_words_ids, suppress_tokens, begin_suppress_tokens and min_new_tokens forbid
+    never appear, over many draws (each forbidden token is likely under the model)."""
     model = sharp_model()
+    kwargs = dict(bad_words_ids=[[3]], suppress_tokens=[4], begin_suppress_tokens=[8], min_new_tokens=3)
+    free = model.generate(PROMPT.repeat(200, 1), do_sample=True, max_new_tokens=30)[:, PROMPT.shape[1] :]
+    assert (free == 3).any() and (free == 4).any() and (free[:, 0] == 8).any()  # the ban is not moot
     torch.manual_seed(0)
-    out = model.generate(PROMPT, do_sample=True, max_new_tokens=30, custom_generate=Lookahead(3, 4, 4), **kwargs)
-    new = out[0, PROMPT.shape[1] :].tolist()
-    assert 1 <= len(new) <= 30
-    if "bad_words_ids" in kwargs:
+    for _ in range(40):
+        out = model.generate(PROMPT, do_sample=True, max_new_tokens=30, custom_generate=Lookahead(3, 4, 4), **kwargs)
+        new = out[0, PROMPT.shape[1] :].tolist()
         assert 3 not in new and 4 not in new and new[0] != 8 and 2 not in new[:3]
 
 
@@ -260,3 +256,108 @@ def test_iterator_streamer_in_a_thread_gets_every_sampled_token():
     assert lookahead.last_stats.steps < 40  # tokens arrived several per step, yet all were streamed
     assert text == tok.decode(result["out"][0, PROMPT.shape[1] :])
     assert result["out"].shape[1] == PROMPT.shape[1] + 40
+
+
+# -- the joint distribution of three tokens, against the exact probabilities ---------------------
+
+JOINT = 3  # tokens drawn per sample; 16^3 continuations, enumerated exactly
+JOINT_KWARGS = dict(temperature=0.8, top_k=8)
+
+
+@functools.cache
+def exact_joint() -> torch.Tensor:
+    """P(x0, x1, x2 | PROMPT) under min_new_tokens, temperature and top_k, enumerated: [16, 16, 16]."""
+    from transformers import (
+        LogitsProcessorList,
+        MinNewTokensLengthLogitsProcessor,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+    )
+
+    model = sharp_model()
+    processors = LogitsProcessorList([
+        MinNewTokensLengthLogitsProcessor(PROMPT.shape[1], JOINT, eos_token_id=2),
+        TemperatureLogitsWarper(JOINT_KWARGS["temperature"]),
+        TopKLogitsWarper(JOINT_KWARGS["top_k"]),
+    ])  # fmt: skip
+    joint = torch.ones(1, dtype=torch.double)
+    prefixes = PROMPT
+    for _ in range(JOINT):
+        with torch.no_grad():
+            logits = model(prefixes, use_cache=False).logits[:, -1].float()
+        probs = torch.softmax(processors(prefixes, logits), dim=-1).double()  # [P, 16]
+        joint = (joint[:, None] * probs).reshape(-1)
+        prefixes = torch.cat([prefixes.repeat_interleave(16, 0), torch.arange(16).repeat(len(prefixes))[:, None]], 1)
+    return joint.reshape(16, 16, 16)
+
+
+def joint_pvalue(lookahead, samples: int, seed: int) -> tuple[float, float]:
+    """Goodness of fit of lookahead's draws of three tokens to the exact joint -> (p-value, tokens/step)."""
+    model = sharp_model()
+    torch.manual_seed(seed)
+    counts, steps = torch.zeros(16**3, dtype=torch.double), 0
+    for _ in range(samples):
+        out = model.generate(PROMPT, do_sample=True, max_new_tokens=JOINT, min_new_tokens=JOINT,
+                             custom_generate=lookahead, **JOINT_KWARGS)  # fmt: skip
+        a, b, c = out[0, PROMPT.shape[1] :].tolist()
+        counts[a * 256 + b * 16 + c] += 1
+        steps += lookahead.last_stats.steps
+    expected = exact_joint().reshape(-1) * samples
+    common = expected >= 5  # rare continuations pooled into one category
+    observed = torch.cat([counts[common], counts[~common].sum()[None]])
+    expected = torch.cat([expected[common], expected[~common].sum()[None]])
+    stat = ((observed - expected) ** 2 / expected.clamp_min(1e-12)).sum()
+    df = len(observed) - 1
+    pvalue = torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.double), stat / 2).item()
+    return pvalue, samples * JOINT / steps
+
+
+FLAT = [(1, 1.0), (2, 1.0), (8, 1.0), (32, 1.0)]  # width is free: the adaptive tuner verifies
+
+
+@pytest.mark.parametrize("make", [lambda: Lookahead(3, 4, 4), lambda: Lookahead(cost_curve=FLAT)],
+                         ids=["fixed(3,4,4)", "adaptive"])  # fmt: skip
+def test_joint_distribution_of_three_tokens_is_exact(make):
+    pvalue, tokens_per_step = joint_pvalue(make(), samples=1500, seed=21)
+    print(f"joint p-value {pvalue:.4f}, tokens/step {tokens_per_step:.2f}")
+    assert pvalue > ALPHA
+    assert tokens_per_step > 1.05  # candidates were accepted: the rule was exercised
+
+
+def _no_renormalisation(candidates, distribution):
+    """A plausible slip: after rejecting x, set p(x) = 0 but forget to renormalise."""
+    emitted, alive, depth = [], list(range(len(candidates))), 0
+    p, chosen, path = distribution(None, 0).double().clone(), None, []
+    while True:
+        token = None
+        for x in dict.fromkeys(candidates[k][depth] for k in alive if depth < len(candidates[k])):
+            if torch.rand((), dtype=torch.float64).item() < p[x].item():
+                token = int(x)
+                break
+            p[x] = 0.0  # ... and no p /= p.sum()
+        if token is None:
+            emitted.append(int(torch.multinomial(p, 1).item()))
+            return Verdict(tuple(emitted), chosen, tuple(path))
+        emitted.append(token)
+        alive = [k for k in alive if depth < len(candidates[k]) and candidates[k][depth] == token]
+        chosen = alive[0]
+        path.append((chosen, depth))
+        depth += 1
+        p = distribution(chosen, depth).double().clone()
+
+
+def test_the_joint_test_catches_plausible_bugs(monkeypatch):
+    """The test above fails on two plausible slips: no renormalisation after a rejection, and
+    verifying against the raw instead of the processed distribution."""
+    import lookahead.engine
+    import lookahead.step
+
+    with monkeypatch.context() as patch:
+        patch.setattr(lookahead.engine, "verify_sampling", _no_renormalisation)
+        assert joint_pvalue(Lookahead(3, 4, 4), samples=800, seed=22)[0] < ALPHA
+    with monkeypatch.context() as patch:
+        raw = lambda self, k, depth: torch.softmax(  # noqa: E731
+            self.raw(self.layout.t_slot if depth == 0 else self.layout.candidate_slots[k][depth - 1]), dim=-1
+        )
+        patch.setattr(lookahead.step.Scorer, "distribution", raw)
+        assert joint_pvalue(Lookahead(3, 4, 4), samples=800, seed=23)[0] < ALPHA

@@ -122,13 +122,15 @@ def test_streamer_receives_every_token_in_order():
 @pytest.mark.parametrize("setting", [(4, 4, 4), (0, 3, 2), (2, 5, 3)], ids=lambda s: "W{}N{}G{}".format(*s))
 def test_greedy_with_logits_processors_is_exact(arch, processors, setting):
     model = tiny_model(arch)
+    accepted = 0
     for seed in range(2):
         prompt = repetitive_prompt(24, seed)
         expected = model.generate(prompt, max_new_tokens=30, do_sample=False, pad_token_id=0, **processors)
-        got = Lookahead(*setting).generate(
-            model, prompt, max_new_tokens=30, do_sample=False, pad_token_id=0, **processors
-        )
+        lookahead = Lookahead(*setting)
+        got = lookahead.generate(model, prompt, max_new_tokens=30, do_sample=False, pad_token_id=0, **processors)
         assert got.tolist() == expected.tolist(), f"prompt {seed}"
+        accepted += sum(lookahead.last_stats.accepted_hist[1:])
+    assert accepted > 0  # candidates were accepted: the processed-prefix path ran
 
 
 def test_scores_and_logits_of_emitted_positions():

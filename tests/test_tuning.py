@@ -206,3 +206,59 @@ def test_text_turning_repetitive_is_probed_again_soon():
     first_probe = next(i for i, c in enumerate(repetitive) if c != PLAIN)
     assert first_probe <= 10  # the (1,4) probe's budget on STEEP: ceil(0.9 / 0.1)
     assert all(c != PLAIN for c in repetitive[first_probe:])
+
+
+CROSS_PROCESS = """
+import sys
+import torch
+sys.path.insert(0, {tests!r})
+from tiny_models import repetitive_prompt, tiny_model
+import lookahead.tuning as tuning
+from lookahead import Lookahead
+if "--forbid-measure" in sys.argv:
+    def refuse(*args, **kwargs):
+        raise SystemExit("the cost curve was measured again")
+    tuning.measure = refuse
+torch.set_num_threads(2)
+model = tiny_model("llama")
+torch.manual_seed(5)
+lookahead = Lookahead()
+out = model.generate(repetitive_prompt(24, 2), do_sample=True, temperature=0.8, max_new_tokens=40,
+                     custom_generate=lookahead)
+print(out[0].tolist(), lookahead.last_stats.settings)
+"""
+
+
+def test_sampled_text_is_the_same_in_every_process(tmp_path):
+    """The cost curve decides step shapes, hence how sampling consumes random numbers: it is
+    measured once, stored, and read back by the next process, which then samples the same text
+    for the same seed (without the stored curve that process would have to time its own)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = CROSS_PROCESS.format(tests=str(Path(__file__).parent))
+    env = {**__import__("os").environ, "LOOKAHEAD_CACHE": str(tmp_path / "cache")}
+    run = lambda *args: subprocess.run(  # noqa: E731
+        [sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=300
+    )
+    first = run()
+    assert first.returncode == 0, first.stderr
+    second = run("--forbid-measure")  # must read the stored curve
+    assert second.returncode == 0, second.stderr
+    assert first.stdout == second.stdout and "G=" in first.stdout
+    env["LOOKAHEAD_CACHE"] = str(tmp_path / "empty")
+    assert run("--forbid-measure").returncode != 0  # an empty cache would have re-timed it
+
+
+def test_a_given_cost_curve_decides_the_steps():
+    model, prompt = tiny_model("llama"), repetitive_prompt(24, 1)
+    expected = model.generate(prompt, max_new_tokens=30, do_sample=False)
+    flat, steep = [(1, 1.0), (2, 1.0), (8, 1.0), (32, 1.0)], [(1, 1.0), (2, 50.0), (8, 200.0)]
+    wide, plain = Lookahead(cost_curve=flat), Lookahead(cost_curve=steep)
+    for lookahead in (wide, plain):
+        got = model.generate(prompt, max_new_tokens=30, do_sample=False, custom_generate=lookahead)
+        assert got.tolist() == expected.tolist()
+    assert wide.last_stats.wide_steps > plain.last_stats.wide_steps
+    with pytest.raises(ValueError, match="tokens increasing from 1"):
+        Lookahead(cost_curve=[(2, 1.0), (1, 2.0)])

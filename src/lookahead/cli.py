@@ -37,10 +37,15 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("-G", "--max-candidates", type=int, help="candidates per step G (default: picked)")
     gen.add_argument("--max-new-tokens", type=int, default=256, help="default: %(default)s")
     gen.add_argument("--dtype", default="float32", choices=sorted(models.DTYPES), help="default: %(default)s")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    gen.add_argument("--top-p", type=float, help="nucleus sampling (with --temperature > 0)")
+    gen.add_argument("--top-k", type=int, help="top-k sampling (with --temperature > 0)")
+    gen.add_argument("--repetition-penalty", type=float, help="transformers' repetition_penalty")
+    gen.add_argument("--seed", type=int, help="torch.manual_seed before each generation (sampling)")
     gen.add_argument(
         "--compare",
         action="store_true",
-        help="also run plain model.generate and report its speed and whether outputs match",
+        help="also run plain model.generate and report its speed and (greedy) whether outputs match",
     )
     bench = sub.add_parser("bench", help="benchmark against plain greedy and prompt lookup decoding")
     bench.add_argument("datasets", nargs="+", help="humaneval | mtbench | FILE.jsonl (lines with a 'prompt')")
@@ -91,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _generate(args) -> int:
+    import torch
     import transformers
     from transformers import TextStreamer
 
@@ -101,6 +107,8 @@ def _generate(args) -> int:
     if args.max_new_tokens < 1:
         raise ValueError("--max-new-tokens must be at least 1")
     lookahead = Lookahead(args.window_size, args.ngram_size, args.max_candidates)  # validates W/N/G
+    settings = _generation_settings(args)
+    sample = settings["do_sample"]
     model, tokenizer = models.load(args.model, dtype=args.dtype)
     text = args.prompt
     if args.chat:
@@ -110,12 +118,13 @@ def _generate(args) -> int:
             [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
         )
     inputs = tokenizer(text, return_tensors="pt", add_special_tokens=not args.chat).to(model.device)
-    settings = dict(max_new_tokens=args.max_new_tokens, do_sample=False)
 
     if args.compare:  # one-time costs (allocations, the model probe) stay out of both timings
         model.generate(**inputs, max_new_tokens=2, do_sample=False)
         lookahead.generate(model, **inputs, max_new_tokens=2, do_sample=False)
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+    if args.seed is not None:
+        torch.manual_seed(args.seed)
     start = time.perf_counter()
     out = lookahead.generate(model, **inputs, streamer=streamer, **settings)
     seconds = time.perf_counter() - start
@@ -128,18 +137,43 @@ def _generate(args) -> int:
         f"{stats.tokens_per_step:.2f} tokens/step, mean accepted length {stats.mean_accepted:.2f}"
     )
     if args.compare:
+        if args.seed is not None:
+            torch.manual_seed(args.seed)
         start = time.perf_counter()
         plain = model.generate(**inputs, **settings)
         plain_seconds = time.perf_counter() - start
         new = plain.shape[1] - inputs["input_ids"].shape[1]
+        rate = f"{new} tokens in {plain_seconds:.2f} s: {new / plain_seconds:.1f} tokens/s"
+        speedup = (stats.new_tokens / seconds) / (new / plain_seconds)
+        if sample:  # two draws from the same distribution: only the speed compares
+            print(f"[plain generate] {rate}; tokens/s ratio {speedup:.2f}x; sampled: the texts are two draws")
+            return 0
         same = plain.shape == out.shape and bool((plain == out).all())
-        print(
-            f"[plain generate] {new} tokens in {plain_seconds:.2f} s: {new / plain_seconds:.1f} tokens/s; "
-            f"speedup {plain_seconds / seconds:.2f}x; outputs {'identical' if same else 'DIFFER'}"
-        )
+        print(f"[plain generate] {rate}; speedup {speedup:.2f}x; outputs {'identical' if same else 'DIFFER'}")
         if not same:
             return 3
     return 0
+
+
+def _generation_settings(args) -> dict:
+    """generate() keyword arguments from the CLI's sampling options, checked."""
+    if args.temperature < 0:
+        raise ValueError("--temperature must be >= 0 (0 = greedy)")
+    sample = args.temperature > 0
+    if not sample and (args.top_p is not None or args.top_k is not None):
+        raise ValueError("--top-p and --top-k sample: give --temperature > 0 too")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise ValueError("--top-p must be in (0, 1]")
+    if args.top_k is not None and args.top_k < 1:
+        raise ValueError("--top-k must be at least 1")
+    if args.repetition_penalty is not None and args.repetition_penalty <= 0:
+        raise ValueError("--repetition-penalty must be > 0")
+    settings = dict(max_new_tokens=args.max_new_tokens, do_sample=sample)
+    if sample:
+        settings.update(temperature=args.temperature, top_p=args.top_p or 1.0, top_k=args.top_k or 0)
+    if args.repetition_penalty is not None:
+        settings["repetition_penalty"] = args.repetition_penalty
+    return settings
 
 
 def _bench(args) -> int:

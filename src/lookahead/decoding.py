@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import logging
 import time
+from collections.abc import Sequence
 
 import torch
 from transformers import StoppingCriteriaList, StopStringCriteria
@@ -32,7 +33,7 @@ from .runner import DecoderRunner, Seq2SeqRunner
 from .sequences import Emitter, SeqState, assemble
 from .step import prompt_rows, validate_call
 from .support import MaskSpec, check_model
-from .tuning import WidthChooser, cost_curve
+from .tuning import CostCurve, WidthChooser, cost_curve
 from .window import JacobiWindow
 
 logger = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ class Lookahead:
         context_lookup: bool = True,
         token_tree: bool = True,
         adaptive: bool | None = None,
+        cost_curve: CostCurve | Sequence[tuple[int, float]] | None = None,
     ) -> None:
         self._overrides = {
             "window_size": window_size,
@@ -76,6 +78,9 @@ class Lookahead:
             "adaptive": adaptive if adaptive is not None else (window_size, ngram_size, max_candidates) == (None,) * 3,
         }
         LookaheadConfig.default_for("cpu", **self._overrides)  # validate now, not mid-generate
+        # the forward cost by new tokens that adaptive steps are priced with; None: measured once
+        # per architecture, device, dtype and thread count, then read from disk (lookahead.tuning)
+        self.cost_curve = CostCurve.from_points(cost_curve) if cost_curve is not None else None
         self.last_stats: LookaheadStats | None = None
 
     def config_for(self, device: torch.device | str) -> LookaheadConfig:
@@ -128,7 +133,7 @@ class Lookahead:
         **model_kwargs,
     ):
         spec = check_model(model)
-        validate_call(input_ids, generation_config, synced_gpus, model_kwargs, streamer)
+        validate_call(input_ids, generation_config, synced_gpus, model_kwargs, streamer, logits_processor)
         cfg = self._settle(self.config_for(model.device), spec)
         batch = input_ids.shape[0]
         stats = LookaheadStats(config=cfg, accepted_hist=[0] * cfg.ngram_size, batch_size=batch)
@@ -150,7 +155,8 @@ class Lookahead:
         for seq in seqs:
             seq.processors, seq.criteria, seq.batch_size = logits_processor, stopping_criteria, batch
             seq.do_sample = bool(generation_config.do_sample)
-        engine = Engine(model, cfg, spec, make_chooser(model, cfg, spec, batch), emitter, stats, model_kwargs)
+        chooser = make_chooser(model, cfg, spec, batch, self.cost_curve)
+        engine = Engine(model, cfg, spec, chooser, emitter, stats, model_kwargs, keep_cache=want and batch == 1)
 
         # the prefill gives each sequence its first token, then one engine step per forward pass
         engine.admit(seqs, prompts)
@@ -180,13 +186,14 @@ class Lookahead:
         return GenerateEncoderDecoderOutput(**outputs) if spec.encoder_decoder else GenerateDecoderOnlyOutput(**outputs)
 
     def _settle(self, cfg: LookaheadConfig, spec: MaskSpec) -> LookaheadConfig:
-        """Encoder-decoder decoders take linear steps only: no window, one candidate (see runner)."""
-        if not spec.encoder_decoder or (cfg.window_size == 0 and cfg.max_candidates <= 1):
+        """Models that take no position_ids (encoder-decoder decoders, ALiBi models) take linear
+        steps only: no window, one candidate (see lookahead.support and lookahead.runner)."""
+        if not spec.linear or (cfg.window_size == 0 and cfg.max_candidates <= 1):
             return cfg
         if self._overrides["window_size"] or (self._overrides["max_candidates"] or 0) > 1:
             logger.warning(
-                "encoder-decoder models run lookahead with W=0 and G<=1 (their decoders take no "
-                "position_ids); asked for W=%s, G=%s",
+                "this model takes no position_ids (encoder-decoder or ALiBi): lookahead runs with "
+                "W=0 and G<=1, linear steps; asked for W=%s, G=%s",
                 cfg.window_size,
                 cfg.max_candidates,
             )
@@ -226,10 +233,15 @@ def new_sequence(
     )
 
 
-def make_chooser(model, cfg: LookaheadConfig, spec: MaskSpec, batch: int) -> WidthChooser:
-    """The width chooser for ``cfg``: adaptive ones price steps with the model's cost curve."""
+def make_chooser(
+    model, cfg: LookaheadConfig, spec: MaskSpec, batch: int, curve: CostCurve | None = None
+) -> WidthChooser:
+    """The width chooser for ``cfg``: adaptive ones price steps with ``curve``, or the model's
+    cost curve (measured once, then read from disk)."""
+    if cfg.adaptive and curve is None:
+        curve = cost_curve(model, lambda: _calibration_step(model, spec))
     return WidthChooser(
-        curve=cost_curve(model, lambda: _calibration_step(model, spec)) if cfg.adaptive else None,
+        curve=curve if cfg.adaptive else None,
         max_candidates=cfg.max_candidates,
         ngram_size=cfg.ngram_size,
         window_size=cfg.window_size,

@@ -38,7 +38,8 @@ class Engine:
     ``emitter`` appends tokens (its ``stop_ends_seq`` says whether a stop ends a sequence or, as
     transformers does without an EOS criterion, it runs on until every sequence has stopped);
     ``stats`` accumulates over the engine's life; ``on_finish(seq)`` is called for every sequence
-    that leaves the batch.
+    that leaves the batch; ``keep_cache``: the runner's cache is handed back to the caller, so
+    sliding-window layers keep every column (otherwise they drop what no window reaches).
     """
 
     def __init__(
@@ -51,11 +52,15 @@ class Engine:
         stats: LookaheadStats,
         model_kwargs: dict | None = None,
         on_finish: Callable[[SeqState], None] | None = None,
+        keep_cache: bool = False,
     ) -> None:
         self.model, self.cfg, self.spec = model, cfg, spec
         self.chooser, self.emitter, self.stats = chooser, emitter, stats
         self.on_finish = on_finish
-        self.runner = Seq2SeqRunner(model, model_kwargs or {}) if spec.encoder_decoder else DecoderRunner(model, spec)
+        if spec.encoder_decoder:
+            self.runner = Seq2SeqRunner(model, model_kwargs or {})
+        else:  # a cache handed back to the caller keeps every column; else sliding layers are bounded
+            self.runner = DecoderRunner(model, spec, bound_sliding=not keep_cache)
         self.active: list[SeqState] = []  # in the runner's batch order
         self.admitted: list[SeqState] = []  # every sequence since the engine started
         self.vocab = model.config.get_text_config(decoder=True).vocab_size

@@ -11,6 +11,7 @@ class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
     def __init__(self) -> None:
+        self._tokens = self._sequence_steps = 0  # running totals behind tokens_per_step
         self.registry = r = CollectorRegistry()
         self.requests = Counter("lookahead_requests", "Generation requests accepted", ["endpoint"], registry=r)
         self.errors = Counter("lookahead_request_errors", "Requests answered with an error, by status", ["status"],
@@ -34,14 +35,15 @@ class Metrics:
 
     def on_step(self, seconds: float, active: int, forward_passes: int, sequence_steps: int, tokens: int) -> None:
         """What one engine iteration did (called from the engine thread)."""
+        self._tokens += tokens
+        self._sequence_steps += sequence_steps
         self.step_seconds.observe(seconds)
         self.active.set(active)
         self.forward_passes.inc(forward_passes)
         self.sequence_steps.inc(sequence_steps)
         self.tokens.inc(tokens)
-        steps = self.sequence_steps._value.get()
-        if steps:
-            self.tokens_per_step.set(self.tokens._value.get() / steps)
+        if self._sequence_steps:
+            self.tokens_per_step.set(self._tokens / self._sequence_steps)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

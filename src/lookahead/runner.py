@@ -23,7 +23,13 @@ Moving entries costs one gather over the step's region, never over the whole cac
 a few masked columns, and the leading columns that are holes in every sequence are cut whenever a
 finished sequence is dropped. The model must take explicit
 ``position_ids`` and a custom 4D mask (``support.check_model`` probes for both). Sliding-window
-layers get ``key > query - window`` on *positions*, not columns.
+layers get ``key > query - window`` on *positions*, not columns, and drop the leading columns
+that no window reaches again, so their memory stays bounded (unless the cache is handed back to
+the caller). Models that take no positions (ALiBi) run linear steps with a 2D mask instead,
+which hides the holes while the model derives positions from it.
+
+A sequence joins a running batch (:meth:`DecoderRunner.admit`) by a prefill of its own; then the
+two caches are stacked, the shorter left-padded with hole columns.
 
 **Aligned** (:class:`Seq2SeqRunner`, encoder-decoder models). BART, Marian, T5 and their kin
 derive decoder positions from the cache length (absolute embeddings, or T5's relative bias over
@@ -56,12 +62,14 @@ def _src_slots(layout: StepLayout, picks: Sequence[tuple[int | None, int]], widt
     return out
 
 
-def _compact_step(layers, past: int, src: list[list[int]]) -> None:
-    """Move each sequence's kept entries of the step region (columns past..) to its front: [B, m] slots."""
+def _compact_step(layers, step_length: int, src: list[list[int]]) -> None:
+    """Move each sequence's kept entries of the step region (the last ``step_length`` columns of
+    every layer) to its front: [B, m] slots."""
     width = len(src[0])
     if all(kept == list(range(width)) for kept in src):
         return  # already in place (t, then the first candidate or a linear chain)
     for layer in layers:
+        past = layer.keys.shape[2] - step_length
         index = torch.tensor(src, device=layer.keys.device) + past  # [B, m]
         for name in ("keys", "values"):
             states = getattr(layer, name)  # [B, H, C + L, D]
@@ -69,17 +77,27 @@ def _compact_step(layers, past: int, src: list[list[int]]) -> None:
             states[:, :, past : past + width] = gathered
 
 
+def _n_layers(model) -> int:
+    return model.config.get_text_config(decoder=True).num_hidden_layers
+
+
 class DecoderRunner:
     """Decoder-only models: one DynamicCache, holes masked (see the module docstring)."""
 
     aligned = False  # sequences may commit different numbers of tokens per step
 
-    def __init__(self, model, spec: MaskSpec) -> None:
+    def __init__(self, model, spec: MaskSpec, bound_sliding: bool = True) -> None:
         self.model, self.spec = model, spec
         self.cache = DynamicCache()
         self.key_pos: torch.Tensor | None = None  # [B, C] position of each cache column, -1 = hole
         self.n_cached: torch.Tensor | None = None  # [B] committed tokens in the cache per sequence
         self.holes = False
+        # sliding-window layers drop the leading columns no future query can see (bounded memory);
+        # ``trim`` of them are gone from those layers (key_pos still lists them, for full layers)
+        self.sliding = spec.sliding_layers(model.config) if bound_sliding else ()
+        self.all_sliding = bool(self.sliding) and len(self.sliding) == _n_layers(model)
+        self.trim = 0
+        self.trimmed = False  # sliding layers have dropped columns: the model's own masks would not fit
 
     def _logits_kwargs(self, slots: torch.Tensor | int) -> dict:
         return {"logits_to_keep": slots} if self.spec.keeps_logits else {}
@@ -96,25 +114,27 @@ class DecoderRunner:
         self.holes = any(pads)
         # as transformers' prefill: a 2D padding mask (the model builds the causal part), pads at position 1
         mask = (key_pos >= 0).long() if self.holes else None
-        positions = key_pos.masked_fill(key_pos < 0, 1)
+        positions = {"position_ids": key_pos.masked_fill(key_pos < 0, 1)} if self.spec.positions else {}
         out = self.model(
             input_ids=ids,
-            position_ids=positions,
+            **positions,
             attention_mask=mask,
             cache=self.cache,
             use_cache=True,
             **self._logits_kwargs(1),
         )
-        self.key_pos = key_pos
+        self.key_pos, self.trim, self.trimmed = key_pos, 0, False
         self.n_cached = torch.tensor([len(p) for p in prompts], device=device)
+        self._trim_sliding()
         return out.logits[:, -1]
 
     def admit(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
         """Prefill ``prompts`` on their own, then append them to the running batch -> their last
         logits [b, V]. The shorter of the two caches is left-padded with holes, so every sequence
         keeps its columns and positions (the mask hides the holes)."""
-        newcomers = DecoderRunner(self.model, self.spec)
+        newcomers = DecoderRunner(self.model, self.spec, bound_sliding=False)
         logits = newcomers.prefill(prompts)
+        self._untrim()
         width = max(self.key_pos.shape[1], newcomers.key_pos.shape[1])
 
         def pad(states: torch.Tensor, dim: int, value) -> torch.Tensor:  # left-pad dim to width
@@ -140,14 +160,18 @@ class DecoderRunner:
         positions = layout.positions.to(device)[None] + self.n_cached[:, None]  # [B, L]
         # t alone with no hole to hide: let the model build its own mask, exactly as plain decoding
         # (the same attention kernel, hence the same rounding)
-        if layout.length == 1 and not self.holes:
+        if layout.length == 1 and not self.holes and not self.trimmed:
             mask = None
-        else:
-            mask = self.spec.build(layout.mask.to(device), self.key_pos, positions, self.model.dtype)
+        elif self.spec.positions:
+            mask = self.spec.build(layout.mask.to(device), self.key_pos, positions, self.model.dtype, self.trim)
+        else:  # linear steps: a 2D mask hides the holes; the model derives positions and causality
+            ones = self.key_pos.new_ones(len(step_ids), layout.length)
+            mask = torch.cat([(self.key_pos >= 0).long(), ones], dim=1)  # [B, C + L]
+        extra = {"position_ids": positions} if self.spec.positions else {}
         slots = layout.logit_slots.to(device)
         out = self.model(
             input_ids=torch.tensor([list(s) for s in step_ids], device=device),
-            position_ids=positions,
+            **extra,
             attention_mask=mask,
             cache=self.cache,
             use_cache=True,
@@ -159,8 +183,7 @@ class DecoderRunner:
         """Keep, per sequence, t and its first ``kept - 1`` accepted candidate tokens: picks[b] =
         (accepted candidate or None, tokens kept >= 1)."""
         width = max(kept for _, kept in picks)
-        past = self.cache.get_seq_length() - layout.length
-        _compact_step(self.cache.layers, past, _src_slots(layout, picks, width))
+        _compact_step(self.cache.layers, layout.length, _src_slots(layout, picks, width))
         self.cache.crop(-(layout.length - width))
         kept = torch.tensor([k for _, k in picks], device=self.n_cached.device)
         offsets = torch.arange(width, device=kept.device)
@@ -168,6 +191,41 @@ class DecoderRunner:
         self.key_pos = torch.cat([self.key_pos, new_pos], dim=1)
         self.n_cached = self.n_cached + kept
         self.holes = self.holes or bool((kept < width).any())
+        self._trim_sliding()
+
+    def _trim_sliding(self) -> None:
+        """Drop, from sliding-window layers, the leading columns that no sequence can see again
+        (holes, or keys at or before n_cached - window, since every later query sits at n_cached
+        or after): their memory stays bounded by the window plus a step."""
+        if not self.sliding:
+            return
+        horizon = self.n_cached - self.spec.sliding_window + 1  # [B] oldest position still visible
+        dead = (self.key_pos[:, self.trim :] < horizon[:, None]).all(dim=0)  # [C - trim]
+        lead = int(dead.long().cumprod(0).sum())
+        if lead == 0:
+            return
+        self.trimmed = True
+        for i in self.sliding:
+            layer = self.cache.layers[i]
+            layer.keys, layer.values = layer.keys[:, :, lead:], layer.values[:, :, lead:]
+        if self.all_sliding:  # no layer needs those columns: forget them altogether
+            self.key_pos = self.key_pos[:, lead:]
+        else:
+            self.trim += lead
+
+    def _untrim(self) -> None:
+        """Give sliding layers their dropped columns back, as zeros: before sequences of other
+        lengths join, every layer must span the same columns. No one can see them (they were
+        dropped because they lay beyond every window), so zeros are as good as the keys were."""
+        if self.trim == 0:
+            return
+        for i in self.sliding:
+            layer = self.cache.layers[i]
+            for name in ("keys", "values"):
+                states = getattr(layer, name)  # [B, H, C - trim, D]
+                zeros = states.new_zeros(states.shape[0], states.shape[1], self.trim, states.shape[3])
+                setattr(layer, name, torch.cat([zeros, states], dim=2))
+        self.trim = 0
 
     def select(self, keep: Sequence[int]) -> None:
         """Keep only the sequences ``keep`` (indices into the current batch), then cut leading columns
@@ -178,10 +236,12 @@ class DecoderRunner:
         valid = (self.key_pos >= 0).any(dim=0)
         lead = int(valid.long().argmax()) if bool(valid.any()) else 0
         if lead > 0:
-            for layer in self.cache.layers:
-                layer.keys, layer.values = layer.keys[:, :, lead:], layer.values[:, :, lead:]
-            self.key_pos = self.key_pos[:, lead:]
+            for i, layer in enumerate(self.cache.layers):
+                cut = max(0, lead - self.trim) if i in self.sliding else lead
+                layer.keys, layer.values = layer.keys[:, :, cut:], layer.values[:, :, cut:]
+            self.key_pos, self.trim = self.key_pos[:, lead:], max(0, self.trim - lead)
         self.holes = bool((self.key_pos < 0).any())
+        self._trim_sliding()
 
 
 class Seq2SeqRunner:

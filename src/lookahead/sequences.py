@@ -226,9 +226,14 @@ class Emitter:
         return len(tokens)
 
     def _stops(self, seq: SeqState) -> bool:
+        """Whether the criteria stop this sequence. Criteria built for a batch see it at its own
+        index, in a batch of copies of it (sequences of a batch differ in length under lookahead)."""
         if seq.criteria is None or len(seq.criteria) == 0:
             return False
-        return bool(seq.criteria(seq.ids, self.scores if self.want_scores else None).any())
+        scores = self.scores if self.want_scores else None
+        if seq.batch_size == 1:
+            return bool(seq.criteria(seq.ids, scores)[0])
+        return bool(seq.criteria(seq.ids.expand(seq.batch_size, -1), scores)[seq.index])
 
 
 def assemble(seqs: Sequence[SeqState], prompt_len: int, stop_ends_seq: bool, pad_token_id) -> torch.Tensor:

@@ -9,9 +9,63 @@ import torch
 from .layout import StepLayout
 from .support import MaskSpec
 
+# logits processors that cannot run on a step's expanded rows: they call a model, keep state
+# across calls, or expect the batch doubled (name -> why)
+_STATEFUL_PROCESSORS = {
+    "UnbatchedClassifierFreeGuidanceLogitsProcessor": "it runs the model itself on the unconditional prompt",
+    "ClassifierFreeGuidanceLogitsProcessor": "it expects the batch doubled with unconditional rows",
+    "DiaClassifierFreeGuidanceLogitsProcessor": "it expects the batch doubled with unconditional rows",
+    "DiaEOSDelayPatternLogitsProcessor": "it keeps state from one call to the next",
+    "WhisperTimeStampLogitsProcessor": "it keeps state from one call to the next",
+    "WhisperNoSpeechDetection": "it runs the model itself and keeps state",
+}
 
-def validate_call(input_ids, generation_config, synced_gpus, model_kwargs, streamer=None) -> None:
+
+# model inputs the loop handles itself (the masks, positions and cache of every step), or that
+# change nothing about the output; anything else would never reach the model, so it is refused
+_HANDLED_INPUTS = {
+    "attention_mask",  # read for left padding; the loop builds each step's mask
+    "position_ids",  # checked to be the standard ones (_check_position_ids); the loop builds its own
+    "cache_position",
+    "cache",  # must be empty (checked below); the loop keeps its own
+    "past_key_values",
+    "use_cache",
+    "logits_to_keep",  # the loop keeps the logits of the slots it uses
+    "encoder_outputs",  # encoder-decoder models: run once by transformers, used by every step
+    "return_dict",
+    "output_attentions",  # refused below when asked for in the output
+    "output_hidden_states",
+    "inputs_embeds",  # refused below with its own message
+}
+
+
+def _check_position_ids(model_kwargs) -> None:
+    """Custom position_ids would be ignored: accept only the standard ones (0.. over each
+    sequence's real tokens, as transformers derives them from the attention mask)."""
+    given = model_kwargs.get("position_ids")
+    if given is None:
+        return
+    mask = model_kwargs.get("attention_mask")
+    if mask is None:
+        mask = torch.ones(given.shape, dtype=torch.long, device=given.device)
+    standard = (mask.long().cumsum(-1) - 1).clamp_min(0)
+    real = mask.bool()
+    if given.shape != mask.shape or not bool((given[real] == standard[real]).all()):
+        raise ValueError(
+            "lookahead decoding numbers each sequence's tokens 0, 1, ... itself and cannot take custom "
+            "position_ids: drop them"
+        )
+
+
+def validate_call(input_ids, generation_config, synced_gpus, model_kwargs, streamer=None, processors=()) -> None:
     """Refuse, before any decoding, what this loop cannot do exactly."""
+    for processor in processors or ():
+        why = _STATEFUL_PROCESSORS.get(type(processor).__name__)
+        if why is not None:
+            raise ValueError(
+                f"{type(processor).__name__} cannot run under lookahead decoding ({why}, while a step "
+                "scores several positions at once): use plain generate for it"
+            )
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise ValueError("the prompt is empty: give at least one token (e.g. the BOS token)")
     if (generation_config.num_beams or 1) > 1:
@@ -35,6 +89,13 @@ def validate_call(input_ids, generation_config, synced_gpus, model_kwargs, strea
             "output_attentions and output_hidden_states are not available with lookahead decoding: "
             "a step's forward pass mixes the emitted tokens with window and candidate rows"
         )
+    unknown = sorted(k for k, v in model_kwargs.items() if v is not None and k not in _HANDLED_INPUTS)
+    if unknown:
+        raise ValueError(
+            f"lookahead decoding does not pass {', '.join(unknown)} to the model (it builds each step's "
+            "inputs itself), so the output would be wrong: generate without them, or with plain generate"
+        )
+    _check_position_ids(model_kwargs)
     if model_kwargs.get("inputs_embeds") is not None:
         raise ValueError("lookahead decoding needs input_ids, not inputs_embeds")
     for key in ("cache", "past_key_values"):

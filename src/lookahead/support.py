@@ -1,10 +1,16 @@
 """What a model must offer for lookahead decoding, and the attention masks it is given.
 
-Lookahead needs one thing beyond a KV cache: attention that follows a custom 4D mask with
-explicit ``position_ids``. Most transformers decoder-only models do, through their public
-``attention_mask`` argument. Rather than trusting a list of names, :func:`check_model` probes
-the model once (three tokens, no cache of the user's touched) and refuses it with a clear error
-when the mask is ignored.
+Lookahead's full step (t, the Jacobi window, a token tree of candidates) needs attention that
+follows a custom 4D mask with explicit ``position_ids``. Most transformers decoder-only models
+offer both through their public ``attention_mask`` and ``position_ids`` arguments. Rather than
+trusting a list of names, :func:`check_model` probes the model once (a few tokens, no cache of
+the user's touched): the mask must be honoured, and the positions must matter (a model that
+silently drops ``position_ids`` would otherwise give wrong output).
+
+Models that take no positions (BLOOM and other ALiBi models, which derive them from a 2D padding
+mask) still run *linear* steps exactly: t and one candidate chain, causal, is plain decoding of
+several tokens. For them the probe checks that a 2D mask with holes gives the logits of the text
+without the holes; the loop then runs W=0, G<=1 with 2D masks (``MaskSpec.positions`` False).
 
 Sliding-window layers need their own mask: key position ``k`` is visible from query position
 ``q`` only when ``k > q - sliding_window``. Models that mix layer types take a dict of masks
@@ -37,26 +43,44 @@ class MaskSpec:
     max_positions: int | None  # size of a learned position table, if any bound is known
     keeps_logits: bool = False  # forward() takes logits_to_keep (set by check_model)
     encoder_decoder: bool = False  # lookahead runs in the decoder, over aligned linear steps
+    positions: bool = True  # takes position_ids and 4D masks; False: linear steps with 2D masks
 
-    def build(self, step_mask: torch.Tensor, key_pos: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype):
+    @property
+    def linear(self) -> bool:
+        """Whether steps must be linear (t and one candidate chain, no window)."""
+        return self.encoder_decoder or not self.positions
+
+    def build(
+        self, step_mask: torch.Tensor, key_pos: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype, trim: int = 0
+    ):
         """The ``attention_mask`` argument for one forward pass over a batch.
 
-        step_mask: [L, L] bool, within the step (shared by every row); key_pos: [B, C] position of
-        each cached slot, -1 for a hole or pad; positions: [B, L] absolute positions of the step's
-        tokens. Returns a float mask [B, 1, L, C + L] (0 = attend, dtype min = blocked), or a
-        dict of them keyed by layer type.
+        step_mask: [L, L] bool, within the step (shared by every sequence); key_pos: [B, C]
+        position of each cache column, -1 for a hole or pad; positions: [B, L] absolute positions
+        of the step's tokens; trim: leading columns that sliding-window layers no longer hold.
+        Returns a float mask [B, 1, L, C + L] (0 = attend, dtype min = blocked), or a dict of
+        them keyed by layer type (sliding layers' masks then have ``trim`` columns fewer).
         """
         batch, length = positions.shape
-        cached = (key_pos >= 0)[:, None, :].expand(batch, length, key_pos.shape[1])
-        full = torch.cat([cached, step_mask[None].expand(batch, length, length)], dim=2)  # [B, L, C + L]
         masks = {}
         for layer_type in self.layer_types:
-            allowed = full
-            if layer_type == "sliding_attention" and self.sliding_window is not None:
-                keys = torch.cat([key_pos, positions], dim=1)  # [B, C + L]
-                allowed = full & (keys[:, None, :] > positions[:, :, None] - self.sliding_window)
+            sliding = layer_type == "sliding_attention" and self.sliding_window is not None
+            columns = key_pos[:, trim:] if sliding else key_pos
+            cached = (columns >= 0)[:, None, :].expand(batch, length, columns.shape[1])
+            allowed = torch.cat([cached, step_mask[None].expand(batch, length, length)], dim=2)  # [B, L, C + L]
+            if sliding:
+                keys = torch.cat([columns, positions], dim=1)  # [B, C + L]
+                allowed = allowed & (keys[:, None, :] > positions[:, :, None] - self.sliding_window)
             masks[layer_type] = _to_float(allowed, dtype)
         return masks[self.layer_types[0]] if len(masks) == 1 else masks
+
+    def sliding_layers(self, config) -> tuple[int, ...]:
+        """Indices of the decoder layers that attend over a sliding window."""
+        if self.sliding_window is None or "sliding_attention" not in self.layer_types:
+            return ()
+        text = config.get_text_config(decoder=True)
+        declared = getattr(text, "layer_types", None) or ["sliding_attention"] * text.num_hidden_layers
+        return tuple(i for i, kind in enumerate(declared) if kind == "sliding_attention")
 
 
 def _to_float(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -115,52 +139,81 @@ def check_model(model) -> MaskSpec:
             "Load it with attn_implementation='sdpa' or 'eager'."
         )
     spec = dataclasses.replace(mask_spec(config), keeps_logits=model._supports_logits_to_keep())
-    _probe_mask(model, spec)
+    problem = _probe_full(model, spec)
+    if problem is not None:
+        linear_problem = _probe_linear(model)
+        if linear_problem is not None:
+            raise UnsupportedModelError(
+                f"{name} {problem}, and {linear_problem}: lookahead decoding cannot run it exactly."
+            )
+        spec = dataclasses.replace(spec, positions=False)
     _checked[model] = (attn, spec)
     return spec
 
 
-@torch.no_grad()
-def _probe_mask(model, spec: MaskSpec) -> None:
-    """Feed [a, b, c] where c may see only itself, and compare c's logits with c fed alone.
-
-    A model that honours the mask gives (nearly) the same logits; one that ignores it gives the
-    logits of c after a and b.
-    """
-    name = type(model).__name__
-    device = model.device
+def _ids(model, count: int) -> torch.Tensor:
     vocab = model.config.get_text_config(decoder=True).vocab_size
-    ids = torch.tensor([[1 % vocab, 2 % vocab, 3 % vocab]], device=device)
-    dtype = next(model.parameters()).dtype
-    mask = torch.tensor([[1, 0, 0], [1, 1, 0], [0, 0, 1]], dtype=torch.bool, device=device)
-    positions = torch.tensor([0, 1, 0], device=device)
+    return torch.tensor([[(3 + 7 * i) % vocab for i in range(count)]], device=model.device)
+
+
+@torch.no_grad()
+def _probe_full(model, spec: MaskSpec) -> str | None:
+    """Feed [a, b, c] where c may see only itself, and compare c's logits with c fed alone; then
+    move c to another position and check that its logits change. None when the model honours
+    both the mask and the positions; else what it lacks."""
+    ids, dtype = _ids(model, 3), next(model.parameters()).dtype
+    mask = torch.tensor([[1, 0, 0], [1, 1, 0], [0, 0, 1]], dtype=torch.bool, device=model.device)
+    causal = torch.tril(torch.ones(3, 3, dtype=torch.bool, device=model.device))
+
+    def run(step_mask, positions):
+        positions = torch.tensor(positions, device=model.device)
+        cache = DynamicCache()
+        out = model(
+            input_ids=ids,
+            position_ids=positions[None],
+            attention_mask=spec.build(step_mask, positions.new_zeros(1, 0), positions[None], dtype),
+            cache=cache,
+            use_cache=True,
+        )
+        return out.logits[0, 2].float(), cache
+
+    try:
+        masked, cache = run(mask, [0, 1, 0])
+        shifted, _ = run(causal, [0, 1, 7])
+        in_place, _ = run(causal, [0, 1, 2])
+        alone = model(input_ids=ids[:, 2:], use_cache=False).logits[0, 0].float()
+        plain = model(input_ids=ids, use_cache=False).logits[0, 2].float()
+    except Exception as err:  # the model's own error says what it lacks
+        return f"cannot run a forward pass with explicit position_ids and a custom 4D attention mask ({err})"
+    if cache.get_seq_length() != 3:
+        return "does not fill a KV cache"
+    scale = alone.abs().max().item() + 1e-6
+    err_masked, err_causal = (masked - alone).abs().max().item(), (plain - alone).abs().max().item()
+    if err_masked > max(0.1 * err_causal, 1e-4 * scale):
+        return f"ignores custom 4D attention masks (masked logits off by {err_masked:.3g})"
+    if (in_place - plain).abs().max().item() > 1e-3 * scale:
+        return "does not follow a custom 4D causal mask as its own"
+    if (shifted - in_place).abs().max().item() <= 1e-5 * scale:
+        return "ignores position_ids (moving a token to another position leaves its logits unchanged)"
+    return None
+
+
+@torch.no_grad()
+def _probe_linear(model) -> str | None:
+    """Linear steps with 2D masks: prefill [a, x, b] with x masked out, then step [c, d]; the
+    logits of c and d must be those of [a, b, c, d] without the hole. None when they are."""
+    ids = _ids(model, 5)  # a x b c d
     try:
         cache = DynamicCache()
-        masked = (
-            model(
-                input_ids=ids,
-                position_ids=positions[None],
-                attention_mask=spec.build(mask, positions.new_zeros(1, 0), positions[None], dtype),
-                cache=cache,
-                use_cache=True,
-            )
-            .logits[0, 2]
-            .float()
-        )
-        causal = model(input_ids=ids, use_cache=False).logits[0, 2].float()
-        alone = model(input_ids=ids[:, 2:], use_cache=False).logits[0, 0].float()
-    except Exception as err:  # the model's own error says what it lacks
-        raise UnsupportedModelError(
-            f"{name} cannot run a forward pass with explicit position_ids, a custom 4D attention "
-            f"mask and a DynamicCache ({type(err).__name__}: {err})"
-        ) from err
-    if cache.get_seq_length() != 3:
-        raise UnsupportedModelError(f"{name} does not fill a KV cache; lookahead decoding needs one.")
-    err_masked = (masked - alone).abs().max().item()
-    err_causal = (causal - alone).abs().max().item()
-    scale = alone.abs().max().item() + 1e-6
-    if err_masked > max(0.1 * err_causal, 1e-4 * scale):
-        raise UnsupportedModelError(
-            f"{name} ignores custom 4D attention masks (masked logits differ from the expected ones "
-            f"by {err_masked:.3g}), so lookahead decoding would not be exact on it."
-        )
+        prefix_mask = torch.tensor([[1, 0, 1]], device=model.device)
+        model(input_ids=ids[:, :3], attention_mask=prefix_mask, cache=cache, use_cache=True)
+        step_mask = torch.tensor([[1, 0, 1, 1, 1]], device=model.device)
+        got = model(input_ids=ids[:, 3:], attention_mask=step_mask, cache=cache, use_cache=True).logits[0].float()
+        text = torch.cat([ids[:, :1], ids[:, 2:]], dim=1)  # a b c d
+        expected = model(input_ids=text, use_cache=False).logits[0, 2:].float()
+    except Exception as err:
+        return f"cannot run linear steps with a 2D mask either ({type(err).__name__}: {err})"
+    scale = expected.abs().max().item() + 1e-6
+    if (got - expected).abs().max().item() > 1e-4 * scale:
+        return "does not give exact logits for linear steps over a cache with masked holes either"
+    return None

@@ -10,8 +10,8 @@ expected speed of the setting (g, n), relative to plain decoding, is
     rate(g, n) = E[1 + min(n - 1, max_{i <= g} a_i)] * T(B) / T(B * k(g, n))
 
 and plain decoding has rate 1. T comes from :func:`cost_curve`, measured once per model, device,
-dtype and thread count (a few forward passes over 1 to 128 tokens, kept for the process and, for
-the bundled models, in ``$LOOKAHEAD_CACHE/cost-curves.json``).
+dtype and thread count (a few forward passes over 1 to 128 tokens, kept in
+``$LOOKAHEAD_CACHE/cost-curves.json`` so that every process decides alike; or given by the user).
 
 The expectation is taken over the last ``memory`` observations: after every wide step, each row
 reports the matched prefix a_i of every candidate it verified (read off the step's logits,
@@ -39,6 +39,7 @@ does.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -64,6 +65,24 @@ class CostCurve:
     extrapolated from the last two beyond them."""
 
     points: tuple[tuple[int, float], ...]  # (tokens, seconds), increasing tokens
+
+    @classmethod
+    def from_points(cls, points) -> CostCurve:
+        """A curve from a CostCurve or (tokens, seconds) pairs: at least two, tokens increasing
+        from 1, seconds positive."""
+        if isinstance(points, CostCurve):
+            return points
+        try:
+            pts = tuple((int(k), float(s)) for k, s in points)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"cost_curve must be (tokens, seconds) pairs, got {points!r}") from err
+        if len(pts) < 2 or pts[0][0] != 1 or any(b[0] <= a[0] for a, b in zip(pts, pts[1:], strict=False)):
+            raise ValueError(
+                "cost_curve needs at least two points, tokens increasing from 1, e.g. [(1, 0.02), (8, 0.03)]"
+            )
+        if any(s <= 0 for _, s in pts):
+            raise ValueError("cost_curve seconds must be positive")
+        return cls(pts)
 
     def __call__(self, tokens: int) -> float:
         pts = self.points
@@ -106,40 +125,42 @@ def _disk_path() -> Path:
 
 
 def cost_curve(model, make_step: Callable[[], Callable[[int], None]]) -> CostCurve:
-    """The model's cost curve on its device and dtype, measured on first use.
+    """The model's cost curve on its device and dtype, measured once and then kept on disk.
 
-    ``make_step()`` returns a function running one forward pass over k tokens (see
-    :func:`measure`); it is only called when no curve is known yet.
+    The curve decides step shapes, which decide how sampling consumes random numbers (and bf16
+    near-ties), so it is read back rather than re-timed: the same seed gives the same text in
+    every process. It is keyed by what decides a forward pass's cost: the architecture (a hash of
+    the config, weights aside), device, dtype and thread count, in
+    ``$LOOKAHEAD_CACHE/cost-curves.json``. ``make_step()`` returns a function running one forward
+    pass over k tokens (see :func:`measure`); it is only called when no curve is known yet.
     """
-    name = getattr(model.config, "_name_or_path", "") or ""
-    dtype = next(model.parameters()).dtype
-    key = (name or id(model), str(model.device), str(dtype), torch.get_num_threads())
+    key = curve_key(model)
     if key in _curves:
         return _curves[key]
-    disk_key = "|".join(str(part) for part in key)
-    persist = _bundled(name)
-    stored = _read_disk().get(disk_key) if persist else None
+    stored = _read_disk().get(key)
     if stored:
         curve = CostCurve(tuple((int(k), float(s)) for k, s in stored))
     else:
         start = time.perf_counter()
         curve = measure(make_step())
-        logger.info("cost curve of %s measured in %.2f s: %s", name or type(model).__name__,
-                    time.perf_counter() - start, curve.points)  # fmt: skip
-        if persist:
-            _write_disk(disk_key, curve)
+        logger.info("cost curve of %s measured in %.2f s: %s", key, time.perf_counter() - start, curve.points)
+        _write_disk(key, curve)
     _curves[key] = curve
     return curve
 
 
-def _bundled(name: str) -> bool:
-    """Whether a checkpoint is one of the bundled conversions (their curves are kept on disk)."""
-    from .models import cache_dir
+def curve_key(model) -> str:
+    """What decides the cost of a forward pass: architecture, device, dtype, threads."""
+    config = model.config.to_dict()
+    shape = {k: v for k, v in config.items() if not k.startswith("_") and k not in _NOT_SHAPE}
+    digest = hashlib.sha1(json.dumps(shape, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    dtype = next(model.parameters()).dtype
+    model_type = getattr(model.config, "model_type", type(model).__name__)
+    return f"{model_type}-{digest}|{model.device}|{dtype}|{torch.get_num_threads()}"
 
-    try:
-        return bool(name) and Path(name).resolve().is_relative_to(cache_dir().resolve())
-    except (OSError, ValueError):
-        return False
+
+# config entries that name or describe a checkpoint without changing what a forward pass computes
+_NOT_SHAPE = {"name_or_path", "transformers_version", "dtype", "torch_dtype", "architectures"}
 
 
 def _read_disk() -> dict:
