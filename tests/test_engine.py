@@ -151,7 +151,23 @@ def test_text_decoder_holds_back_stop_prefixes_and_cuts_at_the_stop():
     assert decoder.tokens_used == 5  # the token that completed the stop string counts
     plain = TextDecoder(CharTokenizer())
     assert plain.push([0, 30]) == "a"  # an incomplete character is held back
-    assert plain.flush() == "\ufffd"
+    assert plain.push([30]) == ""  # byte-fallback tokenizers: one U+FFFD per missing byte, all held
+    assert plain.flush() == "\ufffd\ufffd"
+
+
+def test_chat_template_errors_are_400_naming_messages():
+    from lookahead.api import ApiError, parse_request
+
+    class Refusing:
+        chat_template = "..."
+
+        def apply_chat_template(self, *args, **kwargs):
+            raise ValueError("Conversation roles must alternate user/assistant/user/assistant/...")
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}
+    with pytest.raises(ApiError) as info:
+        parse_request(body, True, "m", Refusing(), 512, 16, 96)
+    assert info.value.status == 400 and info.value.param == "messages" and "alternate" in info.value.message
 
 
 def test_service_admits_requests_as_they_arrive_and_frees_cancelled_ones():

@@ -70,3 +70,31 @@ def test_a_model_ignoring_position_ids_is_refused():
     model = LlamaDroppingPositions(config).eval()
     with pytest.raises(UnsupportedModelError, match="ignores position_ids"):
         check_model(model)
+
+
+def test_the_server_engine_runs_bloom_with_linear_steps():
+    """The service settles W/N/G for a model without position_ids, as Lookahead() does."""
+    import asyncio
+
+    from lookahead import LookaheadConfig
+    from lookahead.service import Request, Service
+
+    model, prompt = tiny_bloom(), repetitive_prompt(24, 1)[0].tolist()
+    service = Service(model, LookaheadConfig(4, 4, 4))
+    assert (service.cfg.window_size, service.cfg.max_candidates) == (0, 1)
+
+    async def one():
+        request, tokens = Request(prompt_ids=prompt, max_tokens=30), []
+        service.submit(request)
+        while True:
+            event = await request.events.get()
+            tokens += event.tokens
+            if event.finish_reason:
+                return tokens
+
+    try:
+        tokens = asyncio.run(one())
+    finally:
+        service.shutdown(timeout=30)
+    expected = model.generate(torch.tensor([prompt]), max_new_tokens=30, do_sample=False)
+    assert tokens == expected[0, len(prompt) :].tolist()

@@ -262,3 +262,23 @@ def test_a_given_cost_curve_decides_the_steps():
     assert wide.last_stats.wide_steps > plain.last_stats.wide_steps
     with pytest.raises(ValueError, match="tokens increasing from 1"):
         Lookahead(cost_curve=[(2, 1.0), (1, 2.0)])
+
+
+def test_learned_batch_costs_override_the_curve():
+    """A server's chooser prices batched steps by their own timings: a flat curve says a batch of
+    8 verifying (1, 4) costs little, but if such steps took 5x a plain one, it stops taking them."""
+    flat = CostCurve(((1, 1.0), (8, 1.0), (128, 1.0)))
+    chooser = WidthChooser(flat, 1, 4, batch=8, learn_costs=True)
+    for _ in range(20):
+        chooser.record((1, 4), 3, [2], None)  # two tokens of three accepted
+    assert chooser.best() != PLAIN  # by the flat curve: 3 tokens for the price of 1
+    for _ in range(3):  # steps of 1, 2, 3, 4 tokens per sequence, as timed
+        for k, seconds in ((1, 0.1), (2, 0.3), (3, 0.4), (4, 0.5)):
+            chooser.observe_cost(8, k, seconds)
+    assert chooser.ratio(4) == pytest.approx(5.0)
+    assert chooser.best() == PLAIN
+    chooser.batch = 1  # a batch of one is priced by the curve, whose ratio is then exact
+    assert chooser.ratio(4) == 1.0
+    off = WidthChooser(flat, 1, 4, batch=8)
+    off.observe_cost(8, 4, 0.5)
+    assert off.ratio(4) == 1.0  # not learning: the curve alone

@@ -42,9 +42,8 @@ class ApiError(Exception):
     def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None, kind=None):
         super().__init__(message)
         self.status, self.message, self.code, self.param = status, message, code, param
-        self.kind = kind or {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}.get(
-            status, "invalid_request_error"
-        )
+        kinds = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error", 503: "server_error"}
+        self.kind = kind or kinds.get(status, "invalid_request_error")
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
@@ -101,7 +100,7 @@ def _refuse_unsupported(body: dict, chat: bool) -> None:
         raise ApiError(400, f"unsupported parameter '{name}'", "unsupported_parameter", name)
 
 
-def _prompt_ids(body: dict, chat: bool, tokenizer) -> tuple[list[int], str]:
+def _prompt_ids(body: dict, chat: bool, tokenizer, vocab_size: int) -> tuple[list[int], str]:
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -120,7 +119,10 @@ def _prompt_ids(body: dict, chat: bool, tokenizer) -> tuple[list[int], str]:
             if not isinstance(content, str):
                 raise _bad(f"messages[{i}].content", "'content' must be a string or a list of text parts")
             clean.append({"role": message["role"], "content": content})
-        text = tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=True)
+        try:
+            text = tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=True)
+        except Exception as err:  # the template's own check (roles must alternate, ...)
+            raise _bad("messages", f"the model's chat template refused these messages: {err}") from err
         return tokenizer(text, add_special_tokens=False)["input_ids"], "messages"
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
@@ -129,8 +131,8 @@ def _prompt_ids(body: dict, chat: bool, tokenizer) -> tuple[list[int], str]:
         ids = tokenizer(prompt)["input_ids"] if prompt else []
     elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         ids = list(prompt)
-        if any(t < 0 or t >= len(tokenizer) for t in ids):
-            raise _bad("prompt", f"token ids must be in [0, {len(tokenizer)})")
+        if any(t < 0 or t >= vocab_size for t in ids):
+            raise _bad("prompt", f"token ids must be in [0, {vocab_size})")
     elif isinstance(prompt, list) and len(prompt) > 1:
         raise ApiError(400, "several prompts in one request are not supported: send one request each",
                        "unsupported", "prompt")  # fmt: skip
@@ -159,7 +161,7 @@ def _lookahead(body: dict) -> tuple[int, int, int] | None:
 
 
 def parse_request(
-    body, chat: bool, model_name: str, tokenizer, max_positions: int | None, default_max_tokens: int
+    body, chat: bool, model_name: str, tokenizer, max_positions: int | None, default_max_tokens: int, vocab_size: int
 ) -> ParsedRequest:
     """Check a request body; raises :class:`ApiError` naming the field at fault."""
     if not isinstance(body, dict):
@@ -171,7 +173,7 @@ def parse_request(
         raise ApiError(404, f"the model '{model}' does not exist: this server serves '{model_name}'",
                        "model_not_found", "model")  # fmt: skip
     _refuse_unsupported(body, chat)
-    ids, prompt_param = _prompt_ids(body, chat, tokenizer)
+    ids, prompt_param = _prompt_ids(body, chat, tokenizer, vocab_size)
     room = None if max_positions is None else max_positions - len(ids)
     if room is not None and room < 1:
         raise ApiError(400, f"the prompt has {len(ids)} tokens but the model's context is {max_positions}: "

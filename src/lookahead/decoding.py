@@ -134,7 +134,7 @@ class Lookahead:
     ):
         spec = check_model(model)
         validate_call(input_ids, generation_config, synced_gpus, model_kwargs, streamer, logits_processor)
-        cfg = self._settle(self.config_for(model.device), spec)
+        cfg = settle(self.config_for(model.device), spec, self._overrides)
         batch = input_ids.shape[0]
         stats = LookaheadStats(config=cfg, accepted_hist=[0] * cfg.ngram_size, batch_size=batch)
         self.last_stats = stats
@@ -185,19 +185,22 @@ class Lookahead:
         )
         return GenerateEncoderDecoderOutput(**outputs) if spec.encoder_decoder else GenerateDecoderOnlyOutput(**outputs)
 
-    def _settle(self, cfg: LookaheadConfig, spec: MaskSpec) -> LookaheadConfig:
-        """Models that take no position_ids (encoder-decoder decoders, ALiBi models) take linear
-        steps only: no window, one candidate (see lookahead.support and lookahead.runner)."""
-        if not spec.linear or (cfg.window_size == 0 and cfg.max_candidates <= 1):
-            return cfg
-        if self._overrides["window_size"] or (self._overrides["max_candidates"] or 0) > 1:
-            logger.warning(
-                "this model takes no position_ids (encoder-decoder or ALiBi): lookahead runs with "
-                "W=0 and G<=1, linear steps; asked for W=%s, G=%s",
-                cfg.window_size,
-                cfg.max_candidates,
-            )
-        return dataclasses.replace(cfg, window_size=0, max_candidates=min(1, cfg.max_candidates))
+
+def settle(cfg: LookaheadConfig, spec: MaskSpec, asked: dict | None = None) -> LookaheadConfig:
+    """Models that take no position_ids (encoder-decoder decoders, ALiBi models) take linear
+    steps only: no window, one candidate (see lookahead.support and lookahead.runner). ``asked``:
+    the settings the user gave explicitly (warned about when narrowed)."""
+    if not spec.linear or (cfg.window_size == 0 and cfg.max_candidates <= 1):
+        return cfg
+    asked = asked or {}
+    if asked.get("window_size") or (asked.get("max_candidates") or 0) > 1:
+        logger.warning(
+            "this model takes no position_ids (encoder-decoder or ALiBi): lookahead runs with "
+            "W=0 and G<=1, linear steps; asked for W=%s, G=%s",
+            cfg.window_size,
+            cfg.max_candidates,
+        )
+    return dataclasses.replace(cfg, window_size=0, max_candidates=min(1, cfg.max_candidates))
 
 
 def new_sequence(

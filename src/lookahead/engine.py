@@ -62,8 +62,7 @@ class Engine:
         else:  # a cache handed back to the caller keeps every column; else sliding layers are bounded
             self.runner = DecoderRunner(model, spec, bound_sliding=not keep_cache)
         self.active: list[SeqState] = []  # in the runner's batch order
-        self.admitted: list[SeqState] = []  # every sequence since the engine started
-        self.vocab = model.config.get_text_config(decoder=True).vocab_size
+        self.admitted: list[SeqState] = []  # every sequence, when stopped ones run on (see _limit)
 
     # -- admission -------------------------------------------------------------------------------
 
@@ -81,7 +80,7 @@ class Engine:
         for b, seq in enumerate(seqs):
             scorer = Scorer(logits[b : b + 1], None, seq.processors, seq.ids, [], (seq.index, seq.batch_size))
             if seq.seed is not None:
-                first = scorer.seeded_choice(0, position_noise(seq.seed, len(seq.committed), self.vocab))
+                first = scorer.seeded_choice(0, position_noise(seq.seed, len(seq.committed), logits.shape[-1]))
             else:
                 first = scorer.sample(0) if seq.do_sample else scorer.choice(0)
             self.emitter.emit(seq, [first], [0], scorer)
@@ -90,7 +89,8 @@ class Engine:
         self.stats.steps += 1
         self.stats.row_steps += len(seqs)
         self.stats.accepted_hist[0] += len(seqs)
-        self.admitted += seqs
+        if not self.emitter.stop_ends_seq:  # only sequences that run on after a stop need the others
+            self.admitted += seqs
         self.active = self._drop_finished([*self.active, *seqs])
 
     def cancel(self, seq: SeqState) -> None:
@@ -115,8 +115,12 @@ class Engine:
         choice = chooser.choose(matches, sizes)
         layout, step_ids = plan_step(active, cfg, choice, self.spec, limits)
 
-        # 2. one forward pass
+        # 2. one forward pass (timed when the chooser learns batched step costs)
+        start = time.perf_counter()
         logits = self.runner.step(layout, step_ids)  # [B, K, V]
+        if chooser.learn_costs:
+            logits[:, :, :1].float().sum().item()  # the device has finished: the clock is honest
+            chooser.observe_cost(len(active), layout.length, time.perf_counter() - start)
 
         # 3. verify each sequence
         scorers = [
@@ -160,7 +164,7 @@ class Engine:
 
             def draw(slot: int, index: int) -> int:
                 if index not in noise:
-                    noise[index] = position_noise(seq.seed, index, self.vocab)
+                    noise[index] = position_noise(seq.seed, index, scorer.logits.shape[-1])
                 return scorer.seeded_choice(slot, noise[index])
 
             first = draw(layout.t_slot, base)

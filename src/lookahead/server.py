@@ -50,6 +50,8 @@ def create_app(service: Service, tokenizer, settings: ServerSettings, metrics: M
 
     app = FastAPI(title="lookahead", lifespan=lifespan)
     max_positions = service.spec.max_positions
+    # ids a client may send: known to the tokenizer and to the model's embedding table
+    vocab_size = min(len(tokenizer), service.model.get_input_embeddings().num_embeddings)
 
     @app.exception_handler(ApiError)
     async def api_error(request, err: ApiError):
@@ -85,7 +87,9 @@ def create_app(service: Service, tokenizer, settings: ServerSettings, metrics: M
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise ApiError(400, f"the body is not valid JSON: {err}") from err
-        parsed = parse_request(body, chat, settings.model_name, tokenizer, max_positions, settings.default_max_tokens)
+        parsed = parse_request(
+            body, chat, settings.model_name, tokenizer, max_positions, settings.default_max_tokens, vocab_size
+        )
         gen = GenRequest(
             prompt_ids=parsed.prompt_ids,
             max_tokens=parsed.max_tokens,
@@ -152,12 +156,16 @@ async def _next(service: Service, gen: GenRequest, decoder: TextDecoder, http: R
     """The next piece of text and, at the end, the finish reason. A client that went away is
     noticed within ``POLL`` seconds, even while its request waits in the queue."""
     while True:
+        now = time.monotonic()
+        if now - gen.checked_at >= POLL:  # also while events keep coming: a busy request is checked too
+            gen.checked_at = now
+            if await http.is_disconnected():
+                raise ClientGone
         try:
             event = await asyncio.wait_for(gen.events.get(), POLL)
             break
-        except TimeoutError:
-            if await http.is_disconnected():
-                raise ClientGone from None
+        except asyncio.TimeoutError:  # the builtin TimeoutError only from Python 3.11 on
+            continue
     if event.finish_reason and event.finish_reason.startswith("error"):
         raise ApiError(500, f"generation failed ({event.finish_reason})", "server_error", kind="server_error")
     piece = decoder.push(event.tokens)
@@ -200,7 +208,10 @@ async def _stream(service, gen, decoder, http, chat, rid, created, model_name, i
             )  # fmt: skip
         if usage:
             out = out.model_copy(update={"lookahead": _lookahead_info(service, gen)})
-        return f"data: {json.dumps(out.model_dump(exclude_none=True))}\n\n"
+        body = out.model_dump(exclude_none=True)
+        for choice in body["choices"]:
+            choice.setdefault("finish_reason", None)  # null until the last chunk, as OpenAI sends it
+        return f"data: {json.dumps(body)}\n\n"
 
     try:
         if chat:

@@ -36,7 +36,7 @@ from transformers import (
 )
 
 from .config import LookaheadConfig, LookaheadStats
-from .decoding import make_chooser, new_sequence
+from .decoding import make_chooser, new_sequence, settle
 from .engine import Engine
 from .pool import SharedPool
 from .sequences import Emitter, SeqState
@@ -75,6 +75,7 @@ class Request:
     seq: SeqState | None = None
     sent: int = 0  # tokens already reported
     cancelled: bool = False
+    checked_at: float = 0.0  # when the server last checked that the client is still connected
 
     def settings(self, cfg: LookaheadConfig) -> tuple[int, int, int]:
         """The (W, N, G) this request runs with: its own caps within the server's."""
@@ -104,8 +105,10 @@ class Service:
         if spec.encoder_decoder:
             raise ValueError("the server runs decoder-only models (requests join a batch mid-way)")
         self.spec = spec
+        self.cfg = cfg = settle(cfg, spec)  # models without position_ids take linear steps
         self.stats = LookaheadStats(config=cfg, accepted_hist=[0] * cfg.ngram_size)
         chooser = make_chooser(model, cfg, spec, 1)
+        chooser.learn_costs = True  # outputs never depend on step shapes here (see WidthChooser)
         self.engine = Engine(model, cfg, spec, chooser, Emitter(), self.stats, on_finish=self._finished)
         eos = model.generation_config.eos_token_id
         self.eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)

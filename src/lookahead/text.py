@@ -43,7 +43,7 @@ class TextDecoder:
             ):
                 self.tokens_used -= 1
             return self._take(full, len(full))
-        safe = len(full) - 1 if full.endswith("\ufffd") else len(full)
+        safe = len(full.rstrip("\ufffd"))  # byte-fallback tokenizers give one U+FFFD per missing byte
         for s in self.stop:  # hold back a tail that may grow into a stop string
             for k in range(min(len(s) - 1, safe), 0, -1):
                 if full[:safe].endswith(s[:k]):

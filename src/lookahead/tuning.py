@@ -229,6 +229,30 @@ class WidthChooser:
     _observed: bool = False  # whether this step recorded an observation
     _matches: list = field(default_factory=lambda: [None])
     _sizes: dict | None = None  # this step's input tokens per option, when the caller knows them
+    # learn_costs: price batched steps by the seconds their own forward passes took (a running
+    # mean per batch size and tokens per sequence), where the single-sequence curve's
+    # T(B * k) / T(B) misjudges a batch; timing-dependent, so for servers, whose outputs do not
+    # depend on step shapes (greedy, and sampling from position-keyed noise)
+    learn_costs: bool = False
+    _step_costs: dict = field(default_factory=dict)  # (batch, tokens per sequence) -> [mean seconds, count]
+
+    def ratio(self, k: int) -> float:
+        """The cost of a step of k input tokens per sequence relative to a plain one, for this
+        step's batch: as timed (``learn_costs``, both shapes seen at least 3 times), else from
+        the curve."""
+        if self.learn_costs and self.batch > 1:
+            wide, plain = self._step_costs.get((self.batch, k)), self._step_costs.get((self.batch, 1))
+            if wide and plain and wide[1] >= 3 and plain[1] >= 3:
+                return max(1.0, wide[0] / plain[0])
+        return self.curve.ratio(k, self.batch)
+
+    def observe_cost(self, batch: int, k: int, seconds: float) -> None:
+        """Record the seconds a forward pass over ``batch`` sequences of ``k`` tokens took."""
+        if not self.learn_costs:
+            return
+        entry = self._step_costs.setdefault((batch, k), [0.0, 0])
+        entry[1] += 1
+        entry[0] += (seconds - entry[0]) / min(entry[1], 16)  # the mean, then a moving mean
 
     @property
     def widest(self) -> tuple[int, int]:
@@ -240,7 +264,7 @@ class WidthChooser:
         pay (nearly) most if every candidate token were accepted (n tokens for the cost of its
         rows). Where width is nearly free (GPUs) that is the widest setting; on a CPU a narrow
         one, since a wide probe that loses costs several plain steps."""
-        potential = {c: c[1] / self.curve.ratio(self.size(*c), self.batch) for c in self.options()}
+        potential = {c: c[1] / self.ratio(self.size(*c)) for c in self.options()}
         top = max(potential.values())
         return max(c for c, p in potential.items() if p >= 0.95 * top)  # the widest near the top
 
@@ -307,7 +331,7 @@ class WidthChooser:
             return 1.0
         have = self.available(g, n)
         expected = sum(self.expected_tokens(have, n, m) if have else 1.0 for m in matches) / len(matches)
-        return expected / self.curve.ratio(self.size(g, n), self.batch)
+        return expected / self.ratio(self.size(g, n))
 
     def best(self, matches: Sequence[int | None] = (None,)) -> tuple[int, int]:
         return max([PLAIN, *self.options()], key=lambda choice: self.rate(*choice, matches))
@@ -340,7 +364,7 @@ class WidthChooser:
     def _budget(self) -> int:
         """Steps between probes that keep a losing probe's extra cost within ``probe_overhead`` of
         plain decoding's time (a (1,4) probe costs 1.9 plain steps alone, 3.3 in a batch of 8)."""
-        extra = self.curve.ratio(self.size(*self.probe), self.batch) - 1.0
+        extra = self.ratio(self.size(*self.probe)) - 1.0
         return math.ceil(extra / self.probe_overhead)
 
     def record(self, choice: tuple[int, int], cap: int, lengths: Sequence[int], match: int | None = None) -> None:
