@@ -56,7 +56,7 @@ def test_batch_matches_batched_greedy(arch, batch, count_forwards):
     assert got.tolist() == expected.tolist(), f"{arch} batch {batch}"
     stats = lookahead.last_stats
     assert counter.count == stats.steps and stats.batch_size == batch
-    assert stats.row_steps < stats.new_tokens, "no multi-token step happened"
+    assert stats.sequence_steps < stats.new_tokens, "no multi-token step happened"
     assert sum(stats.accepted_hist[1:]) > 0
 
 

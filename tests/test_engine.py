@@ -66,7 +66,7 @@ def test_sequences_joining_a_running_batch_match_generate_alone(arch, setting):
         expected = model.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False)
         assert text == expected[0, len(prompt) :].tolist(), (arch, setting)
     assert sum(stats.accepted_hist[1:]) > 0  # multi-token steps happened
-    assert stats.row_steps > stats.steps  # and the sequences shared forward passes
+    assert stats.sequence_steps > stats.steps  # and the sequences shared forward passes
 
 
 def test_seeded_sampling_is_the_same_alone_in_a_batch_and_without_lookahead():

@@ -116,10 +116,10 @@ def test_sampling_in_a_batch_keeps_each_rows_distribution():
     mask = (torch.arange(PROMPT.shape[1]) >= torch.tensor([0, 10]).repeat(5)[:, None]).long()  # [10, S]
     kwargs = dict(do_sample=True, max_new_tokens=NEW, min_new_tokens=NEW, **MIXES["temperature+top_k"])
     torch.manual_seed(11)
-    lookahead, draws, row_steps = Lookahead(3, 4, 4), [], 0
+    lookahead, draws, sequence_steps = Lookahead(3, 4, 4), [], 0
     for _ in range(SAMPLES // 5):
         draws.append(model.generate(ids, attention_mask=mask, custom_generate=lookahead, **kwargs)[:, -NEW:])
-        row_steps += lookahead.last_stats.row_steps
+        sequence_steps += lookahead.last_stats.sequence_steps
     draws = torch.cat(draws)  # [SAMPLES * 2, NEW], rows alternate long / short prompt
     torch.manual_seed(12)
     theirs_short = model.generate(short.repeat(SAMPLES, 1), **kwargs)[:, -NEW:]
@@ -129,7 +129,7 @@ def test_sampling_in_a_batch_keeps_each_rows_distribution():
     }
     print({k: {p: round(v, 4) for p, v in r.items()} for k, r in results.items()})
     assert min(min(r.values()) for r in results.values()) > ALPHA, results
-    assert 2 * SAMPLES * NEW / row_steps > 1.05  # multi-token steps happened
+    assert 2 * SAMPLES * NEW / sequence_steps > 1.05  # multi-token steps happened
 
 
 def test_power_check_rejects_a_small_change():

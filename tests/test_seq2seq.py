@@ -47,7 +47,7 @@ def test_seq2seq_matches_greedy(arch, batch, prompted):
     got = lookahead.generate(model, ids, **kwargs)
     assert got.tolist() == expected.tolist(), f"{arch} batch {batch}"
     stats = lookahead.last_stats
-    assert stats.row_steps < stats.new_tokens and sum(stats.accepted_hist[1:]) > 0, "no multi-token step"
+    assert stats.sequence_steps < stats.new_tokens and sum(stats.accepted_hist[1:]) > 0, "no multi-token step"
 
 
 @pytest.mark.parametrize("arch", list(SEQ2SEQ))

@@ -69,8 +69,9 @@ class LookaheadStats:
     """What one generate call did. Read it from ``Lookahead.last_stats`` after the call.
 
     ``steps`` counts the forward passes that produced tokens, the prompt's prefill included (so
-    plain decoding of one row would take ``new_tokens`` steps); ``row_steps`` counts each pass
-    once per row it carried. ``accepted_hist[k]`` is the number of row steps whose verification
+    plain decoding of one sequence would take ``new_tokens`` steps); ``sequence_steps`` counts
+    each pass once per sequence it carried. ``accepted_hist[k]`` is the number of sequence steps
+    whose verification
     produced k + 1 tokens (k accepted candidate tokens plus the bonus token); a stop (EOS, stop
     string, max length) inside a step drops the tokens after it, counted in
     ``truncated_tokens``.
@@ -78,10 +79,10 @@ class LookaheadStats:
 
     config: LookaheadConfig
     batch_size: int = 1
-    prompt_tokens: int = 0  # all rows, without padding
-    new_tokens: int = 0  # all rows, without padding
+    prompt_tokens: int = 0  # all sequences, without padding
+    new_tokens: int = 0  # all sequences, without padding
     steps: int = 0  # forward passes
-    row_steps: int = 0  # forward passes times the rows active in each
+    sequence_steps: int = 0  # forward passes times the sequences active in each
     accepted_hist: list[int] = field(default_factory=list)
     truncated_tokens: int = 0  # verified tokens dropped because a stop came before them
     wide_steps: int = 0  # steps that carried the window or candidates (the rest: t alone)
@@ -90,9 +91,14 @@ class LookaheadStats:
     decode_seconds: float = 0.0
 
     @property
+    def row_steps(self) -> int:
+        """The former name of ``sequence_steps`` (kept so that existing code keeps working)."""
+        return self.sequence_steps
+
+    @property
     def tokens_per_step(self) -> float:
-        """New tokens per row and step (the compression ratio over plain decoding)."""
-        return self.new_tokens / max(1, self.row_steps or self.steps)
+        """New tokens per sequence and step (the compression ratio over plain decoding)."""
+        return self.new_tokens / max(1, self.sequence_steps or self.steps)
 
     @property
     def mean_accepted(self) -> float:
@@ -117,7 +123,7 @@ class LookaheadStats:
             "prompt_tokens": self.prompt_tokens,
             "new_tokens": self.new_tokens,
             "steps": self.steps,
-            "row_steps": self.row_steps,
+            "sequence_steps": self.sequence_steps,
             "tokens_per_step": self.tokens_per_step,
             "mean_accepted": self.mean_accepted,
             "accepted_hist": list(self.accepted_hist),

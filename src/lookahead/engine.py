@@ -87,7 +87,7 @@ class Engine:
             self._pool_output(seq, 1)
             seq.steps += 1
         self.stats.steps += 1
-        self.stats.row_steps += len(seqs)
+        self.stats.sequence_steps += len(seqs)
         self.stats.accepted_hist[0] += len(seqs)
         if not self.emitter.stop_ends_seq:  # only sequences that run on after a stop need the others
             self.admitted += seqs
@@ -154,7 +154,7 @@ class Engine:
             stats.accepted_hist[len(verdict.emitted) - 1] += 1
             stats.truncated_tokens += len(verdict.emitted) - count
         stats.steps += 1
-        stats.row_steps += len(active)
+        stats.sequence_steps += len(active)
         self.active = self._drop_finished(active)
 
     def _verify(self, seq: SeqState, scorer: Scorer, layout: StepLayout) -> Verdict:

@@ -178,7 +178,7 @@ class Service:
     def _advance(self, newcomers: list[Request]) -> None:
         start = time.perf_counter()
         stats = self.stats
-        before = (stats.steps, stats.row_steps, stats.new_tokens)
+        before = (stats.steps, stats.sequence_steps, stats.new_tokens)
         running = list(self._by_seq.values())
         if newcomers:
             seqs = [self._sequence(r) for r in newcomers]
@@ -191,7 +191,7 @@ class Service:
         for request in running + newcomers:
             self._report(request)
         if self.on_step is not None:
-            after = (stats.steps, stats.row_steps, stats.new_tokens)
+            after = (stats.steps, stats.sequence_steps, stats.new_tokens)
             deltas = [b - a for a, b in zip(before, after, strict=True)]
             self.on_step(time.perf_counter() - start, len(self.engine.active), *deltas)
 
