@@ -166,7 +166,7 @@ class Lookahead:
 
         sequences = assemble(seqs, input_ids.shape[1], emitter.stop_ends_seq, generation_config._pad_token_tensor)
         # sequences padded after their stop did not generate the padding; those that ran on are cut to T
-        stats.new_tokens = sum(min(seq.ids.shape[1], sequences.shape[1]) - input_ids.shape[1] for seq in seqs)
+        stats.new_tokens = sum(min(seq.length, sequences.shape[1]) - input_ids.shape[1] for seq in seqs)
         stats.wide_steps = engine.chooser.wide_steps
         stats.settings = engine.chooser.summary()
         stats.decode_seconds = time.perf_counter() - start
@@ -226,7 +226,7 @@ def new_sequence(
         context.extend(prompt)
     return SeqState(
         index=index,
-        ids=ids,
+        prompt_ids=ids,
         committed=list(prompt),
         pool=pool,
         window=window,
@@ -269,6 +269,8 @@ def _calibration_step(model, spec: MaskSpec):
         if spec.max_positions is not None and context + k >= spec.max_positions:
             k = spec.max_positions - context - 1  # the position table's end: time what fits
         runner.step(build_layout(1, 0, 0, 1 if k > 1 else 0, k - 1), [[1] * k])
+        if device.type != "cpu":  # the pass has finished before the clock is read
+            torch.accelerator.synchronize(device)
         runner.cache.crop(-k)
 
     return step

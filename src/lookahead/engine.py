@@ -26,7 +26,7 @@ from .config import LookaheadConfig, LookaheadStats
 from .layout import StepLayout
 from .runner import DecoderRunner, Seq2SeqRunner
 from .sequences import Emitter, SeqState, align, plan_step, step_sizes, use_tree
-from .step import Scorer
+from .step import Scorer, greedy_choices
 from .support import MaskSpec
 from .tuning import WidthChooser, match_lengths
 from .verify import Verdict, position_noise, verify_greedy, verify_sampling
@@ -76,9 +76,11 @@ class Engine:
             logits = self.runner.admit(prompts)  # [b, V]
         else:
             logits = self.runner.prefill(prompts)  # [b, V]
+        choices = greedy_choices(logits).tolist()  # [b]
         self.stats.prefill_seconds += time.perf_counter() - start
         for b, seq in enumerate(seqs):
-            scorer = Scorer(logits[b : b + 1], None, seq.processors, seq.ids, [], (seq.index, seq.batch_size))
+            batch = (seq.index, seq.batch_size)
+            scorer = Scorer(logits[b : b + 1], None, seq.processors, seq.ids, [], batch, choices[b : b + 1])
             if seq.seed is not None:
                 first = scorer.seeded_choice(0, position_noise(seq.seed, len(seq.committed), logits.shape[-1]))
             else:
@@ -115,16 +117,17 @@ class Engine:
         choice = chooser.choose(matches, sizes)
         layout, step_ids = plan_step(active, cfg, choice, self.spec, limits)
 
-        # 2. one forward pass (timed when the chooser learns batched step costs)
+        # 2. one forward pass, and the model's greedy choice at every kept slot: the step's one
+        # host-device synchronisation (timed when the chooser learns batched step costs)
         start = time.perf_counter()
         logits = self.runner.step(layout, step_ids)  # [B, K, V]
+        choices = greedy_choices(logits).tolist()  # [B][K]
         if chooser.learn_costs:
-            logits[:, :, :1].float().sum().item()  # the device has finished: the clock is honest
             chooser.observe_cost(len(active), layout.length, time.perf_counter() - start)
 
         # 3. verify each sequence
         scorers = [
-            Scorer(logits[b], layout, seq.processors, seq.ids, seq.candidates, (seq.index, seq.batch_size))
+            Scorer(logits[b], layout, seq.processors, seq.ids, seq.candidates, (seq.index, seq.batch_size), choices[b])
             for b, seq in enumerate(active)
         ]
         verdicts = [self._verify(seq, scorer, layout) for seq, scorer in zip(active, scorers, strict=True)]
@@ -190,11 +193,11 @@ class Engine:
         return min(seq.max_length, max(s.stopped_at for s in self.admitted))
 
     def _finished(self, seq: SeqState) -> bool:
-        if seq.cancelled or seq.ids.shape[1] >= seq.max_length:
+        if seq.cancelled or seq.length >= seq.max_length:
             return True
         if seq.stopped_at is None:
             return False
-        return self.emitter.stop_ends_seq or seq.ids.shape[1] >= self._limit(seq)
+        return self.emitter.stop_ends_seq or seq.length >= self._limit(seq)
 
     def _drop_finished(self, seqs: list[SeqState]) -> list[SeqState]:
         """The sequences still decoding; the runner forgets the others."""

@@ -68,9 +68,13 @@ def _compact_step(layers, step_length: int, src: list[list[int]]) -> None:
     width = len(src[0])
     if all(kept == list(range(width)) for kept in src):
         return  # already in place (t, then the first candidate or a linear chain)
+    slots: dict[torch.device, torch.Tensor] = {}  # [B, m], one copy per device the layers sit on
     for layer in layers:
         past = layer.keys.shape[2] - step_length
-        index = torch.tensor(src, device=layer.keys.device) + past  # [B, m]
+        device = layer.keys.device
+        if device not in slots:
+            slots[device] = torch.tensor(src, device=device)
+        index = slots[device] + past  # [B, m]
         for name in ("keys", "values"):
             states = getattr(layer, name)  # [B, H, C + L, D]
             gathered = states.gather(2, index[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[3]))
@@ -89,8 +93,10 @@ class DecoderRunner:
     def __init__(self, model, spec: MaskSpec, bound_sliding: bool = True) -> None:
         self.model, self.spec = model, spec
         self.cache = DynamicCache()
-        self.key_pos: torch.Tensor | None = None  # [B, C] position of each cache column, -1 = hole
-        self.n_cached: torch.Tensor | None = None  # [B] committed tokens in the cache per sequence
+        # the bookkeeping lives on the host, so that reading it never waits for the device; a step
+        # sends what the mask and positions need
+        self.key_pos: torch.Tensor | None = None  # [B, C] (host) position of each cache column, -1 = hole
+        self.n_cached: torch.Tensor | None = None  # [B] (host) committed tokens in the cache per sequence
         self.holes = False
         # sliding-window layers drop the leading columns no future query can see (bounded memory);
         # ``trim`` of them are gone from those layers (key_pos still lists them, for full layers)
@@ -108,13 +114,13 @@ class DecoderRunner:
         longest = max(len(p) for p in prompts)
         pads = [longest - len(p) for p in prompts]
         ids = torch.tensor([[p[0]] * pad + list(p) for p, pad in zip(prompts, pads, strict=True)], device=device)
-        key_pos = torch.stack([torch.arange(longest, device=device) - pad for pad in pads])  # [B, S]
+        key_pos = torch.stack([torch.arange(longest) - pad for pad in pads])  # [B, S] (host)
         key_pos[key_pos < 0] = -1
         self.cache = DynamicCache()  # a batch starting anew (the first, or after every sequence left)
         self.holes = any(pads)
         # as transformers' prefill: a 2D padding mask (the model builds the causal part), pads at position 1
-        mask = (key_pos >= 0).long() if self.holes else None
-        positions = {"position_ids": key_pos.masked_fill(key_pos < 0, 1)} if self.spec.positions else {}
+        mask = (key_pos >= 0).long().to(device) if self.holes else None
+        positions = {"position_ids": key_pos.masked_fill(key_pos < 0, 1).to(device)} if self.spec.positions else {}
         out = self.model(
             input_ids=ids,
             **positions,
@@ -124,7 +130,7 @@ class DecoderRunner:
             **self._logits_kwargs(1),
         )
         self.key_pos, self.trim, self.trimmed = key_pos, 0, False
-        self.n_cached = torch.tensor([len(p) for p in prompts], device=device)
+        self.n_cached = torch.tensor([len(p) for p in prompts])
         self._trim_sliding()
         return out.logits[:, -1]
 
@@ -157,16 +163,17 @@ class DecoderRunner:
     def step(self, layout: StepLayout, step_ids: Sequence[Sequence[int]]) -> torch.Tensor:
         """One forward pass over every sequence's step -> the used slots' logits [B, K, V]."""
         device = self.model.device
-        positions = layout.positions.to(device)[None] + self.n_cached[:, None]  # [B, L]
+        positions = (layout.positions[None] + self.n_cached[:, None]).to(device)  # [B, L]
         # t alone with no hole to hide: let the model build its own mask, exactly as plain decoding
         # (the same attention kernel, hence the same rounding)
         if layout.length == 1 and not self.holes and not self.trimmed:
             mask = None
         elif self.spec.positions:
-            mask = self.spec.build(layout.mask.to(device), self.key_pos, positions, self.model.dtype, self.trim)
+            key_pos = self.key_pos.to(device)
+            mask = self.spec.build(layout.mask.to(device), key_pos, positions, self.model.dtype, self.trim)
         else:  # linear steps: a 2D mask hides the holes; the model derives positions and causality
             ones = self.key_pos.new_ones(len(step_ids), layout.length)
-            mask = torch.cat([(self.key_pos >= 0).long(), ones], dim=1)  # [B, C + L]
+            mask = torch.cat([(self.key_pos >= 0).long(), ones], dim=1).to(device)  # [B, C + L]
         extra = {"position_ids": positions} if self.spec.positions else {}
         slots = layout.logit_slots.to(device)
         out = self.model(
@@ -185,12 +192,13 @@ class DecoderRunner:
         width = max(kept for _, kept in picks)
         _compact_step(self.cache.layers, layout.length, _src_slots(layout, picks, width))
         self.cache.crop(-(layout.length - width))
-        kept = torch.tensor([k for _, k in picks], device=self.n_cached.device)
-        offsets = torch.arange(width, device=kept.device)
+        counts = [k for _, k in picks]
+        kept = torch.tensor(counts)
+        offsets = torch.arange(width)
         new_pos = torch.where(offsets[None] < kept[:, None], self.n_cached[:, None] + offsets[None], -1)
         self.key_pos = torch.cat([self.key_pos, new_pos], dim=1)
         self.n_cached = self.n_cached + kept
-        self.holes = self.holes or bool((kept < width).any())
+        self.holes = self.holes or any(k < width for k in counts)  # read on the host: no device sync
         self._trim_sliding()
 
     def _trim_sliding(self) -> None:
@@ -230,8 +238,8 @@ class DecoderRunner:
     def select(self, keep: Sequence[int]) -> None:
         """Keep only the sequences ``keep`` (indices into the current batch), then cut leading columns
         that are holes in every remaining sequence."""
-        index = torch.tensor(list(keep), device=self.key_pos.device)
-        self.cache.batch_select_indices(index)
+        index = torch.tensor(list(keep))
+        self.cache.batch_select_indices(index.to(self.model.device))
         self.key_pos, self.n_cached = self.key_pos[index], self.n_cached[index]
         valid = (self.key_pos >= 0).any(dim=0)
         lead = int(valid.long().argmax()) if bool(valid.any()) else 0

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+from transformers import EosTokenCriteria, MaxLengthCriteria, StoppingCriteriaList
 
 from .config import LookaheadConfig
 from .layout import StepLayout, build_layout, node_tokens, tree_shape
@@ -32,7 +33,7 @@ class SeqState:
     """One sequence of the batch, with its own generation settings."""
 
     index: int  # position in the caller's batch (processors built for a batch see it there)
-    ids: torch.Tensor  # [1, S + emitted]: the caller's prompt (padding kept) and every emitted token
+    prompt_ids: torch.Tensor  # [1, S]: the caller's prompt, padding kept
     committed: list[int]  # the prompt without padding, then every emitted token
     pool: NGramPool
     window: JacobiWindow
@@ -58,11 +59,27 @@ class SeqState:
         return self.committed[-1]
 
     def __post_init__(self) -> None:
-        self.start_length = self.ids.shape[1]
+        self.start_length = self.prompt_ids.shape[1]
+        self._prompt_tokens = len(self.committed)
+        self._ids = self.prompt_ids
+
+    @property
+    def length(self) -> int:
+        """len(ids): the caller's prompt (padding kept) and every emitted token."""
+        return self.start_length + len(self.committed) - self._prompt_tokens
+
+    @property
+    def ids(self) -> torch.Tensor:  # [1, length]
+        """The prompt and every emitted token as a tensor, for processors, criteria and the output;
+        built when read (emitting a token only appends it to ``committed``)."""
+        missing = self.length - self._ids.shape[1]
+        if missing:
+            self._ids = torch.cat([self._ids, self._ids.new_tensor([self.committed[-missing:]])], dim=-1)
+        return self._ids
 
     @property
     def new_tokens(self) -> int:
-        return self.ids.shape[1] - self.start_length
+        return self.length - self.start_length
 
     def match_length(self) -> int | None:
         """The longest suffix of the text seen earlier, in its own text or an earlier sequence's."""
@@ -77,7 +94,7 @@ def _cap(seq: SeqState, n: int, spec: MaskSpec, limit: int) -> int:
     or the end of the model's position table."""
     if seq.ngram_size is not None:
         n = min(n, seq.ngram_size)
-    cap = min(n - 1, limit - seq.ids.shape[1] - 1)
+    cap = min(n - 1, limit - seq.length - 1)
     if spec.max_positions is not None:
         cap = min(cap, spec.max_positions - len(seq.committed))
     return cap
@@ -207,47 +224,78 @@ class Emitter:
         self.stop_ends_seq = stop_ends_seq
         self.scores: tuple = ()
         self.logits: tuple = ()
+        self._checks: dict[int, _StopCheck] = {}  # id(criteria) -> its check
 
     def emit(self, seq: SeqState, tokens: Sequence[int], slots: Sequence[int], scorer: Scorer) -> int:
         """Append tokens one by one until the sequence ends; returns how many were appended."""
+        check = self._check(seq.criteria)
         for count, (token, slot) in enumerate(zip(tokens, slots, strict=True), start=1):
             if self.want_scores:
                 self.scores += (scorer.processed(slot)[None],)
             if self.want_logits:
                 self.logits += (scorer.raw(slot)[None],)
-            seq.ids = torch.cat([seq.ids, seq.ids.new_tensor([[token]])], dim=-1)
             seq.committed.append(token)
             if self.streamer is not None:
-                self.streamer.put(seq.ids.new_tensor([token]).cpu())
-            if seq.stopped_at is None and self._stops(seq):
-                seq.stopped_at = seq.ids.shape[1]
+                self.streamer.put(torch.tensor([token]))
+            if seq.stopped_at is None and check is not None and check(seq, token, self.scores if self.want_scores else None):
+                seq.stopped_at = seq.length
                 if self.stop_ends_seq:
                     return count
         return len(tokens)
 
-    def _stops(self, seq: SeqState) -> bool:
-        """Whether the criteria stop this sequence. Criteria built for a batch see it at its own
-        index, in a batch of copies of it (sequences of a batch differ in length under lookahead)."""
-        if seq.criteria is None or len(seq.criteria) == 0:
+    def _check(self, criteria) -> _StopCheck | None:
+        if criteria is None or len(criteria) == 0:
+            return None
+        check = self._checks.get(id(criteria))
+        if check is None or check.criteria is not criteria:
+            check = self._checks[id(criteria)] = _StopCheck(criteria)
+        return check
+
+
+class _StopCheck:
+    """Whether a sequence's stopping criteria fire after its latest token. transformers' EOS and
+    max-length criteria are read off the token and the length (as they compute them, without a
+    tensor per token); any other criterion is called with the sequence's ids. Criteria built for a
+    batch see the sequence at its own index, in a batch of copies of it (sequences of a batch
+    differ in length under lookahead)."""
+
+    def __init__(self, criteria) -> None:
+        self.criteria = criteria
+        self.eos: set[int] = set()
+        self.max_length: int | None = None
+        others = []
+        for criterion in criteria:
+            if type(criterion) is EosTokenCriteria:
+                self.eos.update(int(t) for t in criterion.eos_token_id.reshape(-1).tolist())
+            elif type(criterion) is MaxLengthCriteria:
+                limit = criterion.max_length
+                self.max_length = limit if self.max_length is None else min(self.max_length, limit)
+            else:
+                others.append(criterion)
+        self.others = StoppingCriteriaList(others)
+
+    def __call__(self, seq: SeqState, token: int, scores) -> bool:
+        if token in self.eos or self.max_length is not None and seq.length >= self.max_length:
+            return True
+        if not self.others:
             return False
-        scores = self.scores if self.want_scores else None
         if seq.batch_size == 1:
-            return bool(seq.criteria(seq.ids, scores)[0])
-        return bool(seq.criteria(seq.ids.expand(seq.batch_size, -1), scores)[seq.index])
+            return bool(self.others(seq.ids, scores)[0])
+        return bool(self.others(seq.ids.expand(seq.batch_size, -1), scores)[seq.index])
 
 
 def assemble(seqs: Sequence[SeqState], prompt_len: int, stop_ends_seq: bool, pad_token_id) -> torch.Tensor:
     """The output [B, S + T] as transformers lays it out: T is the longest sequence up to its stop;
     shorter ones are padded after their stop; those that ran on past theirs are cut to T."""
     if stop_ends_seq:
-        total = max(seq.ids.shape[1] for seq in seqs)
+        total = max(seq.length for seq in seqs)
     else:
-        total = max(seq.stopped_at or seq.ids.shape[1] for seq in seqs)
+        total = max(seq.stopped_at or seq.length for seq in seqs)
     first = seqs[0].ids
-    if any(seq.ids.shape[1] < total for seq in seqs) and pad_token_id is None:
+    if any(seq.length < total for seq in seqs) and pad_token_id is None:
         raise ValueError("sequences of the batch ended at different lengths: set generation_config.pad_token_id")
     out = first.new_full((len(seqs), total), 0 if pad_token_id is None else int(pad_token_id))
     for seq in sorted(seqs, key=lambda s: s.index):
-        length = min(total, seq.ids.shape[1])
+        length = min(total, seq.length)
         out[seq.index, :length] = seq.ids[0, :length]
     return out

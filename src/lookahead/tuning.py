@@ -330,7 +330,11 @@ class WidthChooser:
         if (g, n) == PLAIN:
             return 1.0
         have = self.available(g, n)
-        expected = sum(self.expected_tokens(have, n, m) if have else 1.0 for m in matches) / len(matches)
+        if not have:
+            return 1.0 / self.ratio(self.size(g, n))
+        # rows share few match lengths (0-3, None): each length's expectation once, weighted
+        counts = Counter(matches)
+        expected = sum(self.expected_tokens(have, n, m) * c for m, c in counts.items()) / len(matches)
         return expected / self.ratio(self.size(g, n))
 
     def best(self, matches: Sequence[int | None] = (None,)) -> tuple[int, int]:
