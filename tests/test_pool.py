@@ -1,4 +1,4 @@
-"""The n-gram pool: a bounded trie per first token with LRU eviction."""
+"""The n-gram pool: a bounded LRU of continuations per first token."""
 
 from collections import OrderedDict
 
@@ -19,18 +19,6 @@ def test_docstring_example():
     assert pool.candidates(7) == [(4, 5), (1, 2)]
     assert (7, 1, 3) not in pool and (7, 4, 5) in pool
     assert pool.candidates(8) == []
-
-
-def test_shared_prefixes_are_stored_once_and_pruned_on_eviction():
-    pool = NGramPool(ngram_size=4, capacity=3)
-    pool.add((1, 2, 3, 4))
-    pool.add((1, 2, 3, 5))
-    assert pool.trie_size(1) == 4  # 2 -> 3 -> {4, 5}
-    pool.add((1, 9, 9, 9))
-    pool.add((1, 8, 8, 8))  # evicts (2, 3, 4): node 4 goes, 2 -> 3 stays for 5
-    assert pool.trie_size(1) == 3 + 3 + 3
-    pool.add((1, 7, 7, 7))  # evicts (2, 3, 5): the whole 2 -> 3 branch goes
-    assert pool.trie_size(1) == 9
 
 
 def test_sequences_and_limits():
@@ -55,6 +43,8 @@ def test_sequences_and_limits():
 )
 def test_pool_behaves_like_a_bounded_lru_per_key(n, capacity, ngrams):
     pool = NGramPool(ngram_size=n, capacity=capacity)
+    bulk = NGramPool(ngram_size=n, capacity=capacity)  # the window's path: add_all
+    bulk.add_all(tuple(gram[:n]) for gram in ngrams)
     model: dict[int, OrderedDict] = {}
     for gram in ngrams:
         gram = tuple(gram[:n])
@@ -65,9 +55,6 @@ def test_pool_behaves_like_a_bounded_lru_per_key(n, capacity, ngrams):
         while len(lru) > capacity:
             lru.popitem(last=False)
     for key, lru in model.items():
-        assert pool.candidates(key) == list(reversed(lru))
+        assert pool.candidates(key) == bulk.candidates(key) == list(reversed(lru))
         assert len(pool.candidates(key)) <= capacity
-        # the trie holds exactly the distinct prefixes of what is stored, nothing stale
-        prefixes = {path[:i] for path in lru for i in range(1, n)}
-        assert pool.trie_size(key) == len(prefixes)
     assert len(pool) == sum(len(v) for v in model.values())

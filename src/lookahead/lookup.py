@@ -23,17 +23,18 @@ class ContextIndex:
     def __init__(self, max_suffix: int = 3, per_key: int = 4) -> None:
         self.max_suffix = max_suffix
         self.per_key = per_key  # most recent occurrences kept per suffix
-        self._ends: dict[tuple[int, ...], list[int]] = {}
+        # suffix -> where it ended, oldest first: tuples of ints, which the garbage collector stops
+        # tracking, so a long text does not make its full passes come more often
+        self._ends: dict[tuple[int, ...], tuple[int, ...]] = {}
         self._indexed = 0  # tokens[:_indexed] are indexed
 
     def extend(self, tokens: Sequence[int]) -> None:
         """Index every suffix ending at the tokens appended since the last call."""
         for end in range(self._indexed, len(tokens)):
             for m in range(1, min(self.max_suffix, end + 1) + 1):
-                ends = self._ends.setdefault(tuple(tokens[end - m + 1 : end + 1]), [])
-                ends.append(end)
-                if len(ends) > self.per_key:
-                    del ends[0]
+                suffix = tuple(tokens[end - m + 1 : end + 1])
+                ends = self._ends.get(suffix, ()) + (end,)
+                self._ends[suffix] = ends[1:] if len(ends) > self.per_key else ends
         self._indexed = len(tokens)
 
     def match_length(self, tokens: Sequence[int]) -> int:

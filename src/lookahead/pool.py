@@ -1,8 +1,9 @@
 """The n-gram pool: candidate continuations keyed by their first token.
 
-Each key (a token id) owns a trie of the n-1 tokens that followed it. Shared prefixes are stored
-once, a repeated n-gram is not stored twice, and each key keeps at most ``capacity`` n-grams: the
-least recently inserted or refreshed one is evicted first (LRU). The pool holds no model.
+Each key (a token id) keeps the n-1 tokens that followed it, at most ``capacity`` of them: a
+repeated n-gram is not stored twice, and the least recently inserted or refreshed one is evicted
+first (LRU). Continuations that share a prefix are merged when they are verified (the step's token
+tree, ``lookahead.layout``), not here. The pool holds no model.
 
 Example (n=3, capacity=2)::
 
@@ -13,53 +14,17 @@ Example (n=3, capacity=2)::
     >>> pool.add((7, 4, 5))           # evicts (1, 3), the least recently used
     >>> pool.candidates(7)
     [(4, 5), (1, 2)]
+
+Memory: one tuple of ints per stored n-gram and one ordered dict per key. Tuples of ints are
+not tracked by Python's garbage collector once they have survived a collection, so a growing pool
+does not make the collector's full passes (over every object of torch and transformers) come
+more often.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-
-
-class _KeyTrie:
-    """The continuations of one key: a trie for shared prefixes plus an LRU order of its leaves."""
-
-    __slots__ = ("root", "order")
-
-    def __init__(self) -> None:
-        self.root: dict[int, dict] = {}
-        self.order: OrderedDict[tuple[int, ...], None] = OrderedDict()  # oldest first
-
-    def insert(self, path: tuple[int, ...], capacity: int) -> None:
-        if path in self.order:
-            self.order.move_to_end(path)
-            return
-        node = self.root
-        for token in path:
-            node = node.setdefault(token, {})
-        self.order[path] = None
-        while len(self.order) > capacity:
-            oldest, _ = self.order.popitem(last=False)
-            self._remove(oldest)
-
-    def _remove(self, path: tuple[int, ...]) -> None:
-        # walk down remembering parents, then prune nodes that became empty
-        trail = [self.root]
-        for token in path[:-1]:
-            trail.append(trail[-1][token])
-        for depth in range(len(path) - 1, -1, -1):
-            node = trail[depth]
-            if node[path[depth]]:  # the child still has other continuations below it
-                break
-            del node[path[depth]]
-
-    def node_count(self) -> int:
-        count, stack = 0, [self.root]
-        while stack:
-            node = stack.pop()
-            count += len(node)
-            stack.extend(node.values())
-        return count
 
 
 class NGramPool:
@@ -76,44 +41,52 @@ class NGramPool:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
         self.ngram_size = ngram_size
         self.capacity = capacity
-        self._tries: dict[int, _KeyTrie] = {}
+        self._keys: dict[int, OrderedDict[tuple[int, ...], None]] = {}  # key -> continuations, oldest first
 
     def add(self, ngram: Sequence[int]) -> None:
         """Insert (or refresh) one n-gram of exactly ``ngram_size`` tokens."""
         if len(ngram) != self.ngram_size:
             raise ValueError(f"expected an n-gram of {self.ngram_size} tokens, got {len(ngram)}")
-        key = int(ngram[0])
-        trie = self._tries.get(key)
-        if trie is None:
-            trie = self._tries[key] = _KeyTrie()
-        trie.insert(tuple(int(x) for x in ngram[1:]), self.capacity)
+        self._insert(int(ngram[0]), tuple(int(x) for x in ngram[1:]))
+
+    def _insert(self, key: int, continuation: tuple[int, ...]) -> None:
+        stored = self._keys.get(key)
+        if stored is None:
+            stored = self._keys[key] = OrderedDict()
+        elif continuation in stored:
+            stored.move_to_end(continuation)
+            return
+        stored[continuation] = None
+        if len(stored) > self.capacity:
+            stored.popitem(last=False)
+
+    def add_all(self, ngrams: Iterable[tuple[int, ...]]) -> None:
+        """Insert n-grams that are already tuples of ``ngram_size`` ints (the window's), in order."""
+        for ngram in ngrams:
+            self._insert(ngram[0], ngram[1:])
 
     def add_sequence(self, tokens: Sequence[int], start: int = 0) -> None:
-        """Insert every n-gram of ``tokens`` that ends at index ``start + n - 1`` or later, in order."""
+        """Insert every n-gram of ``tokens`` (ints) that ends at index ``start + n - 1`` or later, in
+        order."""
         n = self.ngram_size
         for i in range(max(0, start), len(tokens) - n + 1):
-            self.add(tokens[i : i + n])
+            self._insert(tokens[i], tuple(tokens[i + 1 : i + n]))
 
     def candidates(self, key: int, limit: int | None = None) -> list[tuple[int, ...]]:
         """The continuations stored for ``key``, most recently used first (at most ``limit``)."""
-        trie = self._tries.get(int(key))
-        if trie is None:
+        stored = self._keys.get(int(key))
+        if stored is None:
             return []
-        paths = list(reversed(trie.order))
+        paths = list(reversed(stored))
         return paths if limit is None else paths[:limit]
 
     def __len__(self) -> int:
-        return sum(len(t.order) for t in self._tries.values())
+        return sum(len(stored) for stored in self._keys.values())
 
     def __contains__(self, ngram: Iterable[int]) -> bool:
         ngram = tuple(int(x) for x in ngram)
-        trie = self._tries.get(ngram[0])
-        return trie is not None and ngram[1:] in trie.order
-
-    def trie_size(self, key: int) -> int:
-        """Number of trie nodes under ``key`` (shared prefixes count once)."""
-        trie = self._tries.get(int(key))
-        return 0 if trie is None else trie.node_count()
+        stored = self._keys.get(ngram[0])
+        return stored is not None and ngram[1:] in stored
 
 
 class SharedPool:
