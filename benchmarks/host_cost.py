@@ -7,6 +7,11 @@ The forward pass is timed by hooks on the model (on CUDA they synchronise the de
 GPU's work counts as forward time). ``--layers 2`` keeps the first two decoder layers of the model
 (same vocabulary, a cheap forward pass): there the loop's own work shows.
 
+Two parts of the host time grow with the kept logits (slots x vocabulary) and are shown apart:
+the greedy choices (an argmax over them: on a CPU the host's work, on a GPU one kernel) and
+freeing them (on a CPU, tens of MB handed back to the OS every step; on a GPU the caching
+allocator keeps them). What is left is the loop's own work: Python, pools, masks, the cache.
+
     .venv/bin/python benchmarks/host_cost.py --layers 2 --batch 1 8
     .venv/bin/python benchmarks/host_cost.py --batch 1 --json results/host-cost.json
 """
@@ -19,7 +24,8 @@ import time
 import torch
 import transformers
 
-from lookahead import Lookahead, datasets, engine, models
+from lookahead import Lookahead, datasets, models
+from lookahead import choices as choice_module
 
 SETTINGS = {  # name -> Lookahead arguments (None: transformers' plain greedy loop)
     "plain": None,
@@ -31,10 +37,13 @@ SETTINGS = {  # name -> Lookahead arguments (None: transformers' plain greedy lo
 
 
 class ForwardClock:
-    """Seconds spent inside ``model.forward`` and how many calls, via forward hooks."""
+    """Seconds spent inside ``model.forward`` and how many calls, via forward hooks; and the
+    seconds spent freeing each call's output (held here until the next call, whose pre-hook
+    times its release: by then the loop has let go of it)."""
 
     def __init__(self, model) -> None:
         self.seconds, self.calls, self._start = 0.0, 0, 0.0
+        self.free_seconds, self._output = 0.0, None
         self.cuda = model.device.type == "cuda"
         model.register_forward_pre_hook(self._enter)
         model.register_forward_hook(self._leave)
@@ -44,6 +53,7 @@ class ForwardClock:
             torch.cuda.synchronize()
 
     def _enter(self, module, args) -> None:
+        self.release()
         self._sync()
         self._start = time.perf_counter()
 
@@ -51,31 +61,37 @@ class ForwardClock:
         self._sync()
         self.seconds += time.perf_counter() - self._start
         self.calls += 1
+        self._output = output
+
+    def release(self) -> None:
+        start = time.perf_counter()
+        self._output = None
+        self.free_seconds += time.perf_counter() - start
 
     def reset(self) -> None:
-        self.seconds, self.calls = 0.0, 0
+        self.seconds, self.calls, self.free_seconds, self._output = 0.0, 0, 0.0, None
 
 
 class ChoiceClock:
-    """Seconds spent reading the model's greedy choices over a step's kept slots (an argmax over
-    [B, K, V]: host work on a CPU, one kernel on a GPU), by wrapping ``engine.greedy_choices``."""
+    """Seconds spent computing the model's greedy choices over a step's kept slots (an argmax over
+    [B, K, V]: host work on a CPU, one kernel on a GPU), by wrapping ``choices.greedy_choices``."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
-        inner = engine.greedy_choices
+        inner = choice_module.greedy_choices
 
-        def timed(logits):
+        def timed(logits, *args):
             start = time.perf_counter()
-            out = inner(logits)
+            out = inner(logits, *args)
             self.seconds += time.perf_counter() - start
             return out
 
-        engine.greedy_choices = timed
+        choice_module.greedy_choices = timed
 
 
-def run(model, inputs, setting, max_new_tokens: int, clock: ForwardClock, choices: ChoiceClock) -> dict:
+def run(model, inputs, setting, max_new_tokens: int, clock: ForwardClock, argmax: ChoiceClock) -> dict:
     clock.reset()
-    choices.seconds = 0.0
+    argmax.seconds = 0.0
     kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False)
     if setting is not None:
         kwargs["custom_generate"] = Lookahead(*setting)
@@ -83,18 +99,47 @@ def run(model, inputs, setting, max_new_tokens: int, clock: ForwardClock, choice
         torch.cuda.synchronize()
     start = time.perf_counter()
     out = model.generate(**inputs, **kwargs)
+    clock.release()
     if model.device.type == "cuda":
         torch.cuda.synchronize()
     wall = time.perf_counter() - start
-    new = int((out[:, inputs["input_ids"].shape[1] :] != -1).sum())
+    host = wall - clock.seconds  # the time spent freeing outputs is the host's too
+    per_step = lambda seconds: 1000 * seconds / clock.calls
     return {
-        "host_ms_per_step": 1000 * (wall - clock.seconds) / clock.calls,
-        "forward_ms_per_step": 1000 * clock.seconds / clock.calls,
-        "choices_ms_per_step": 1000 * choices.seconds / clock.calls,
+        "host_ms_per_step": per_step(host),
+        "forward_ms_per_step": per_step(clock.seconds),
+        "choices_ms_per_step": per_step(argmax.seconds),
+        "free_ms_per_step": per_step(clock.free_seconds),
+        "loop_ms_per_step": per_step(host - argmax.seconds - clock.free_seconds),
         "steps": clock.calls,
-        "tokens": new,
+        "tokens": int(out.shape[0] * (out.shape[1] - inputs["input_ids"].shape[1])),
         "wall_s": wall,
     }
+
+
+def report(batch: int, samples: dict[str, list[dict]], repeats: int) -> list[dict]:
+    """Print the medians of each setting's runs as a table; return them."""
+
+    def median(name: str, key: str) -> float:
+        return statistics.median(r[key] for r in samples[name])
+
+    plain = median("plain", "host_ms_per_step") if "plain" in samples else None
+    signed = lambda v: "-" if v is None else f"{v:+.2f}"
+    print(f"\n## batch {batch}: host ms per forward pass (median of {repeats})")
+    print("| run | host | above plain | greedy choices | freeing logits | loop's own | loop's own above plain "
+          "| forward | steps | tokens |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    rows = []
+    for name, runs in samples.items():
+        row = {k: median(name, k) for k in runs[0] if k.endswith("_per_step") or k == "steps"}
+        for part in ("host", "loop"):
+            row[f"{part}_above_plain_ms"] = None if plain is None else row[f"{part}_ms_per_step"] - plain
+        print(f"| {name} | {row['host_ms_per_step']:.2f} | {signed(row['host_above_plain_ms'])} "
+              f"| {row['choices_ms_per_step']:.2f} | {row['free_ms_per_step']:.2f} | {row['loop_ms_per_step']:.2f} "
+              f"| {signed(row['loop_above_plain_ms'])} | {row['forward_ms_per_step']:.2f} | {row['steps']:.0f} "
+              f"| {runs[0]['tokens']} |")  # fmt: skip
+        rows.append({"batch": batch, "run": name, **row, "runs": runs})
+    return rows
 
 
 def main() -> None:
@@ -116,7 +161,7 @@ def main() -> None:
         model.config.num_hidden_layers = args.layers
         if getattr(model.config, "layer_types", None):
             model.config.layer_types = model.config.layer_types[: args.layers]
-    clock, choices = ForwardClock(model), ChoiceClock()
+    clock, argmax = ForwardClock(model), ChoiceClock()
     prompts = datasets.load("humaneval", max(args.batch))
     results = []
     for batch in args.batch:
@@ -126,27 +171,16 @@ def main() -> None:
             inputs = datasets.encode_batch(tokenizer, prompts[:batch])
         inputs = {k: v.to(model.device) for k, v in inputs.items()}
         for name in args.settings:  # warm up (and measure a cost curve once, if none is stored)
-            run(model, inputs, SETTINGS[name], 8, clock, choices)
+            run(model, inputs, SETTINGS[name], 8, clock, argmax)
         samples: dict[str, list[dict]] = {name: [] for name in args.settings}
         for _ in range(args.repeats):
             for name in args.settings:  # alternating, so that drifts hit every setting alike
-                samples[name].append(run(model, inputs, SETTINGS[name], args.max_new_tokens, clock, choices))
-        plain = statistics.median(r["host_ms_per_step"] for r in samples.get("plain", [])) if "plain" in samples else None
-        print(f"\n## batch {batch}: host ms per forward pass (median of {args.repeats})")
-        print("| run | host ms/step | above plain | of which greedy choices | forward ms/step | steps | tokens |")
-        print("|---|---|---|---|---|---|---|")
-        for name, runs in samples.items():
-            host = statistics.median(r["host_ms_per_step"] for r in runs)
-            fwd = statistics.median(r["forward_ms_per_step"] for r in runs)
-            argmax = statistics.median(r["choices_ms_per_step"] for r in runs)
-            above = f"{host - plain:+.2f}" if plain is not None else "-"
-            steps = statistics.median(r["steps"] for r in runs)
-            print(f"| {name} | {host:.2f} | {above} | {argmax:.2f} | {fwd:.2f} | {steps:.0f} | {runs[0]['tokens']} |")
-            results.append({"batch": batch, "run": name, "host_ms_per_step": host, "forward_ms_per_step": fwd, "choices_ms_per_step": argmax,
-                            "above_plain_ms": None if plain is None else host - plain, "runs": runs})  # fmt: skip
+                samples[name].append(run(model, inputs, SETTINGS[name], args.max_new_tokens, clock, argmax))
+        results += report(batch, samples, args.repeats)
     if args.json:
         meta = {"model": args.model, "dtype": args.dtype, "device": args.device, "layers": args.layers,
-                "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads()}  # fmt: skip
+                "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads(),
+                "torch": torch.__version__, "transformers": transformers.__version__}  # fmt: skip
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "results": results}, f, indent=1)
 

@@ -22,11 +22,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
+from .choices import StepChoices, fetch_matched
 from .config import LookaheadConfig, LookaheadStats
 from .layout import StepLayout
 from .runner import DecoderRunner, Seq2SeqRunner
 from .sequences import Emitter, SeqState, align, plan_step, step_sizes, use_tree
-from .step import Scorer, greedy_choices
+from .step import Scorer
 from .support import MaskSpec
 from .tuning import WidthChooser, match_lengths
 from .verify import Verdict, position_noise, verify_greedy, verify_sampling
@@ -62,6 +63,7 @@ class Engine:
         else:  # a cache handed back to the caller keeps every column; else sliding layers are bounded
             self.runner = DecoderRunner(model, spec, bound_sliding=not keep_cache)
         self.active: list[SeqState] = []  # in the runner's batch order
+        self.lazy_choices: bool | None = None  # see lookahead.choices (None: lazy on a CPU only)
         self.admitted: list[SeqState] = []  # every sequence, when stopped ones run on (see _limit)
 
     # -- admission -------------------------------------------------------------------------------
@@ -76,11 +78,11 @@ class Engine:
             logits = self.runner.admit(prompts)  # [b, V]
         else:
             logits = self.runner.prefill(prompts)  # [b, V]
-        choices = greedy_choices(logits).tolist()  # [b]
+        choices = StepChoices(logits[:, None], lazy=False)  # [b, 1]: every first choice, read at once
         self.stats.prefill_seconds += time.perf_counter() - start
         for b, seq in enumerate(seqs):
             batch = (seq.index, seq.batch_size)
-            scorer = Scorer(logits[b : b + 1], None, seq.processors, seq.ids, [], batch, choices[b : b + 1])
+            scorer = Scorer(logits[b : b + 1], None, seq.processors, seq.ids, [], batch, choices.sequence(b))
             if seq.seed is not None:
                 first = scorer.seeded_choice(0, position_noise(seq.seed, len(seq.committed), logits.shape[-1]))
             else:
@@ -117,17 +119,27 @@ class Engine:
         choice = chooser.choose(matches, sizes)
         layout, step_ids = plan_step(active, cfg, choice, self.spec, limits)
 
-        # 2. one forward pass, and the model's greedy choice at every kept slot: the step's one
-        # host-device synchronisation (timed when the chooser learns batched step costs)
+        # 2. one forward pass, and the model's greedy choices at the kept slots: on an accelerator
+        # all of them, read at once (the step's one host-device synchronisation); on a CPU only
+        # those read below (lookahead.choices). Timed when the chooser learns batched step costs.
         start = time.perf_counter()
         logits = self.runner.step(layout, step_ids)  # [B, K, V]
-        choices = greedy_choices(logits).tolist()  # [B][K]
+        choices = StepChoices(logits, lazy=self.lazy_choices)
+        fetch_matched(choices, layout, [seq.candidates for seq in active])
         if chooser.learn_costs:
             chooser.observe_cost(len(active), layout.length, time.perf_counter() - start)
 
         # 3. verify each sequence
         scorers = [
-            Scorer(logits[b], layout, seq.processors, seq.ids, seq.candidates, (seq.index, seq.batch_size), choices[b])
+            Scorer(
+                logits[b],
+                layout,
+                seq.processors,
+                seq.ids,
+                seq.candidates,
+                (seq.index, seq.batch_size),
+                choices.sequence(b),
+            )
             for b, seq in enumerate(active)
         ]
         verdicts = [self._verify(seq, scorer, layout) for seq, scorer in zip(active, scorers, strict=True)]
@@ -150,8 +162,7 @@ class Engine:
         for seq, ids, verdict, scorer, count in zip(active, step_ids, verdicts, scorers, kept, strict=True):
             if layout.level_slots and seq.window.n_levels:
                 outputs = [scorer.raw_choice(s) for s in layout.last_level_slots][: seq.window.window_size]
-                for ngram in seq.window.update(ids[0], outputs):
-                    seq.pool.add(ngram)
+                seq.pool.add_all(seq.window.update(ids[0], outputs))
             self._pool_output(seq, count)
             seq.steps += 1
             stats.accepted_hist[len(verdict.emitted) - 1] += 1

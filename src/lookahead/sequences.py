@@ -237,7 +237,11 @@ class Emitter:
             seq.committed.append(token)
             if self.streamer is not None:
                 self.streamer.put(torch.tensor([token]))
-            if seq.stopped_at is None and check is not None and check(seq, token, self.scores if self.want_scores else None):
+            if (
+                seq.stopped_at is None
+                and check is not None
+                and check(seq, token, self.scores if self.want_scores else None)
+            ):
                 seq.stopped_at = seq.length
                 if self.stop_ends_seq:
                     return count

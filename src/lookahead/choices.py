@@ -1,0 +1,139 @@
+"""The model's greedy choices at a step's kept slots: the argmax over the vocabulary, read once.
+
+Verification, the window's next level and the tuner's match lengths all read the model's raw
+greedy choice at some of the step's kept slots. Where they are computed depends on the device:
+
+* **An accelerator**: one argmax over every kept slot of every sequence ([B, K, V] -> [B, K]) and
+  one read of the result, the step's one host-device synchronisation (:class:`StepChoices` with
+  ``lazy=False``).
+* **A CPU**: the argmax is the host's own work, proportional to slots times vocabulary (76 kept
+  slots of 8 sequences with a 49k vocabulary are 30M logits, several milliseconds), and a read
+  costs no synchronisation. So only the slots a step reads are computed (``lazy=True``): t and the
+  window's last level up front, then the candidate slots depth by depth, each depth for the
+  whole batch in one call, as long as the candidate still agrees with the model
+  (:func:`fetch_matched`). Candidates that miss their first token cost nothing.
+
+Both give exactly ``logits.argmax(-1)`` (the first index on ties), so the output never depends
+on which is used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from .layout import StepLayout
+
+
+def greedy_choices(logits: torch.Tensor, chunk: int = 512) -> torch.Tensor:  # [..., V] -> [...] long
+    """``logits.argmax(-1)``, the same index on ties (the first) and with NaNs (the first NaN).
+
+    On a CPU, torch's argmax over a long last dimension runs one element at a time, while ``amax``
+    is vectorised; so the maximum of each chunk of ``chunk`` logits is taken first, then the first
+    chunk holding the overall maximum is searched: about five times faster for a 49k vocabulary
+    in bf16. Elsewhere torch's argmax is used as it is.
+    """
+    vocab = logits.shape[-1]
+    if logits.device.type != "cpu" or vocab <= 2 * chunk:
+        return logits.argmax(dim=-1)
+    whole = vocab // chunk
+    # chunks as a view where the vocabulary divides evenly (no copy of the logits)
+    body = logits if vocab % chunk == 0 else logits[..., : whole * chunk]
+    maxima = body.unflatten(-1, (whole, chunk)).amax(dim=-1)  # [..., V // chunk]
+    if vocab % chunk:
+        maxima = torch.cat([maxima, logits[..., whole * chunk :].amax(dim=-1, keepdim=True)], dim=-1)
+    start = maxima.argmax(dim=-1, keepdim=True) * chunk  # [..., 1] first chunk holding the maximum
+    # that chunk's columns (the last chunk may be short: its tail repeats column V - 1, found later)
+    columns = (start + torch.arange(chunk, device=logits.device)).clamp_max(vocab - 1)  # [..., chunk]
+    return (start + logits.gather(-1, columns).argmax(dim=-1, keepdim=True)).squeeze(-1)
+
+
+class StepChoices:
+    """The raw greedy choice at each kept slot of one step: ``get(b, k)`` for sequence b and kept
+    slot k (an index into ``layout.logit_slots``). ``lazy`` (default: on a CPU) computes them as
+    they are asked for, batched by :meth:`fetch`; otherwise all at once, with one read."""
+
+    def __init__(self, logits: torch.Tensor, lazy: bool | None = None) -> None:  # logits [B, K, V]
+        self.logits = logits
+        self.lazy = logits.device.type == "cpu" if lazy is None else lazy
+        self._known: dict[tuple[int, int], int] = {}
+        self._table: list[list[int]] | None = None if self.lazy else greedy_choices(logits).tolist()  # [B][K]
+        self.computed = 0 if self.lazy else logits.shape[0] * logits.shape[1]  # slots whose argmax ran
+
+    def get(self, b: int, k: int) -> int:
+        if self._table is not None:
+            return self._table[b][k]
+        if (b, k) not in self._known:
+            self.fetch([(b, k)])
+        return self._known[(b, k)]
+
+    def fetch_leading(self, count: int) -> None:
+        """Compute the choices at kept slots 0..count-1 of every sequence (t and the window's last
+        level lead the kept slots), in one call over a view of the logits."""
+        if self._table is not None or count == 0:
+            return
+        for b, row in enumerate(greedy_choices(self.logits[:, :count]).tolist()):
+            for k, choice in enumerate(row):
+                self._known[(b, k)] = choice
+        self.computed += self.logits.shape[0] * count
+
+    def fetch(self, pairs: Iterable[tuple[int, int]]) -> None:
+        """Compute the choices at ``pairs`` ((sequence, kept slot)) not known yet, in one call."""
+        if self._table is not None:
+            return
+        missing = list(dict.fromkeys(p for p in pairs if p not in self._known))
+        if not missing:
+            return
+        seqs = torch.tensor([b for b, _ in missing])
+        slots = torch.tensor([k for _, k in missing])
+        for pair, choice in zip(missing, greedy_choices(self.logits[seqs, slots]).tolist(), strict=True):
+            self._known[pair] = choice
+        self.computed += len(missing)
+
+    def sequence(self, b: int) -> _SequenceChoices:
+        """Sequence b's choices, indexed by kept slot."""
+        return _SequenceChoices(self, b)
+
+
+class _SequenceChoices:
+    __slots__ = ("parent", "b")
+
+    def __init__(self, parent: StepChoices, b: int) -> None:
+        self.parent, self.b = parent, b
+
+    def __getitem__(self, k: int) -> int:
+        return self.parent.get(self.b, k)
+
+
+def fetch_matched(choices: StepChoices, layout: StepLayout, candidates: Sequence[Sequence[Sequence[int]]]) -> None:
+    """Compute, batch-wide and depth by depth, the choices that verification and match lengths
+    read: t's and the last level's slots, then, for each prefix the model agrees with, the slot
+    after it in the first candidate that starts with it (candidates sharing a prefix share its
+    context; verification follows the first). ``candidates[b]``: sequence b's this step.
+
+    Example: t's choice is 5, candidates (5, 9, 2), (5, 6, 1) and (7, 3): depth 0 computes the
+    slot of candidate 0's 5 (candidates 0 and 1 agree with 5, candidate 2 does not); if the model
+    chose 9 there, depth 1 computes the slot of 9; the slots of 2, 6, 1, 7 and 3 are never computed.
+    """
+    if not choices.lazy:
+        return
+    index = layout.logit_index
+    t, window = index[layout.t_slot], [index[s] for s in layout.last_level_slots]
+    leading = {t, *window}
+    assert leading == set(range(len(leading))), "t and the last level lead the kept slots"
+    choices.fetch_leading(len(leading))
+    # (sequence, candidate) -> the model's choice before the candidate's token at ``depth``
+    expected = {(b, c): choices.get(b, t) for b, cands in enumerate(candidates) for c in range(len(cands))}
+    depth = 0
+    while expected:
+        first_with: dict[tuple, int] = {}  # (sequence, prefix) -> kept slot of its first candidate's token
+        alive = {}
+        for (b, c), token in expected.items():  # in candidate order within each sequence
+            candidate = candidates[b][c]
+            if depth < len(candidate) and candidate[depth] == token:
+                key = (b, tuple(candidate[: depth + 1]))
+                alive[(b, c)] = first_with.setdefault(key, index[layout.candidate_slots[c][depth]])
+        choices.fetch((b, k) for (b, _), k in alive.items())
+        expected = {(b, c): choices.get(b, k) for (b, c), k in alive.items()}
+        depth += 1
