@@ -122,3 +122,18 @@ def test_lazy_and_eager_choices_give_the_same_steps_and_one_read_per_eager_step(
     assert lazy == eager and lazy_stats.accepted_hist == eager_stats.accepted_hist
     assert sum(eager_stats.accepted_hist[1:]) > 0  # multi-token steps happened
     assert reads == eager_stats.steps - 1  # the prefill's read is not counted: one per step
+
+
+def test_match_lengths_read_the_first_candidate_with_the_agreed_prefix():
+    # after t the model chose 5; after candidate 0's 5 it chose 9 (candidate 0 is one token long,
+    # but its slot is the one verification reads for the bonus token); candidate 1's own slot of 5
+    # says 6, and is never read: candidate 1 = (5, 9, 3) agrees through 9
+    reads = []
+
+    def choice(k, j):
+        reads.append((k, j))
+        return {(0, 0): 9, (1, 0): 6, (1, 1): 4}[(k, j)]
+
+    assert match_lengths([(5,), (5, 9, 3), (7,)], 5, choice) == [1, 2, 0]
+    assert reads == [(0, 0), (1, 1)]
+    assert verify_greedy(5, [(5,), (5, 9, 3)], choice).emitted == (5, 9, 4)

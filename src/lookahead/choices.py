@@ -57,38 +57,41 @@ class StepChoices:
     def __init__(self, logits: torch.Tensor, lazy: bool | None = None) -> None:  # logits [B, K, V]
         self.logits = logits
         self.lazy = logits.device.type == "cpu" if lazy is None else lazy
-        self._known: dict[tuple[int, int], int] = {}
-        self._table: list[list[int]] | None = None if self.lazy else greedy_choices(logits).tolist()  # [B][K]
-        self.computed = 0 if self.lazy else logits.shape[0] * logits.shape[1]  # slots whose argmax ran
+        batch, kept = logits.shape[:2]
+        if self.lazy:
+            self._rows = [[-1] * kept for _ in range(batch)]  # [B][K], -1: not computed yet
+            self.computed = 0  # slots whose argmax ran
+        else:
+            self._rows = greedy_choices(logits).tolist()  # [B][K]
+            self.computed = batch * kept
 
     def get(self, b: int, k: int) -> int:
-        if self._table is not None:
-            return self._table[b][k]
-        if (b, k) not in self._known:
+        choice = self._rows[b][k]
+        if choice < 0:
             self.fetch([(b, k)])
-        return self._known[(b, k)]
+            choice = self._rows[b][k]
+        return choice
 
     def fetch_leading(self, count: int) -> None:
         """Compute the choices at kept slots 0..count-1 of every sequence (t and the window's last
         level lead the kept slots), in one call over a view of the logits."""
-        if self._table is not None or count == 0:
+        if not self.lazy or count == 0:
             return
-        for b, row in enumerate(greedy_choices(self.logits[:, :count]).tolist()):
-            for k, choice in enumerate(row):
-                self._known[(b, k)] = choice
-        self.computed += self.logits.shape[0] * count
+        for row, leading in zip(self._rows, greedy_choices(self.logits[:, :count]).tolist(), strict=True):
+            row[:count] = leading
+        self.computed += len(self._rows) * count
 
     def fetch(self, pairs: Iterable[tuple[int, int]]) -> None:
         """Compute the choices at ``pairs`` ((sequence, kept slot)) not known yet, in one call."""
-        if self._table is not None:
+        if not self.lazy:
             return
-        missing = list(dict.fromkeys(p for p in pairs if p not in self._known))
+        missing = list(dict.fromkeys(p for p in pairs if self._rows[p[0]][p[1]] < 0))
         if not missing:
             return
         seqs = torch.tensor([b for b, _ in missing])
         slots = torch.tensor([k for _, k in missing])
-        for pair, choice in zip(missing, greedy_choices(self.logits[seqs, slots]).tolist(), strict=True):
-            self._known[pair] = choice
+        for (b, k), choice in zip(missing, greedy_choices(self.logits[seqs, slots]).tolist(), strict=True):
+            self._rows[b][k] = choice
         self.computed += len(missing)
 
     def sequence(self, b: int) -> _SequenceChoices:
@@ -108,9 +111,12 @@ class _SequenceChoices:
 
 def fetch_matched(choices: StepChoices, layout: StepLayout, candidates: Sequence[Sequence[Sequence[int]]]) -> None:
     """Compute, batch-wide and depth by depth, the choices that verification and match lengths
-    read: t's and the last level's slots, then, for each prefix the model agrees with, the slot
-    after it in the first candidate that starts with it (candidates sharing a prefix share its
-    context; verification follows the first). ``candidates[b]``: sequence b's this step.
+    read: t's and the last level's slots, then the slot after each token the model agrees with.
+    ``candidates[b]``: sequence b's this step.
+
+    The candidates still agreeing with the model at a depth all share the same prefix (the model's
+    own choices), hence the same context: the first of them answers for all (verification follows
+    it too), so each sequence needs one slot per depth.
 
     Example: t's choice is 5, candidates (5, 9, 2), (5, 6, 1) and (7, 3): depth 0 computes the
     slot of candidate 0's 5 (candidates 0 and 1 agree with 5, candidate 2 does not); if the model
@@ -123,17 +129,16 @@ def fetch_matched(choices: StepChoices, layout: StepLayout, candidates: Sequence
     leading = {t, *window}
     assert leading == set(range(len(leading))), "t and the last level lead the kept slots"
     choices.fetch_leading(len(leading))
-    # (sequence, candidate) -> the model's choice before the candidate's token at ``depth``
-    expected = {(b, c): choices.get(b, t) for b, cands in enumerate(candidates) for c in range(len(cands))}
+    # per sequence: (the model's choice before this depth, the candidates agreeing so far)
+    state = {b: (choices.get(b, t), range(len(cands))) for b, cands in enumerate(candidates) if cands}
     depth = 0
-    while expected:
-        first_with: dict[tuple, int] = {}  # (sequence, prefix) -> kept slot of its first candidate's token
-        alive = {}
-        for (b, c), token in expected.items():  # in candidate order within each sequence
-            candidate = candidates[b][c]
-            if depth < len(candidate) and candidate[depth] == token:
-                key = (b, tuple(candidate[: depth + 1]))
-                alive[(b, c)] = first_with.setdefault(key, index[layout.candidate_slots[c][depth]])
-        choices.fetch((b, k) for (b, _), k in alive.items())
-        expected = {(b, c): choices.get(b, k) for (b, c), k in alive.items()}
+    while state:
+        agreeing = {}
+        for b, (token, alive) in state.items():
+            cands = candidates[b]
+            alive = [c for c in alive if depth < len(cands[c]) and cands[c][depth] == token]
+            if alive:  # the first one's slot answers for every one of them
+                agreeing[b] = (index[layout.candidate_slots[alive[0]][depth]], alive)
+        choices.fetch((b, k) for b, (k, _) in agreeing.items())
+        state = {b: (choices.get(b, k), alive) for b, (k, alive) in agreeing.items()}
         depth += 1

@@ -185,19 +185,20 @@ def _write_disk(key: str, curve: CostCurve) -> None:
 
 def match_lengths(candidates: Sequence[Sequence[int]], first: int, choice: Callable[[int, int], int]) -> list[int]:
     """How many leading tokens of each candidate the model agrees with: ``first`` is its choice
-    after t, ``choice(k, j)`` its choice after token j of candidate k. Candidates sharing their
-    first j + 1 tokens read the choice of the first of them (the one verification follows, see
-    ``verify.verify_greedy``): the same context, so one slot answers for all."""
+    after t, ``choice(k, j)`` its choice after token j of candidate k. The candidates agreeing
+    through token j share that prefix (the model's choices), so they all read the choice of the
+    first of them, the one verification follows (``verify.verify_greedy``)."""
     out = []
-    first_with: dict[tuple[int, ...], int] = {}  # prefix -> the first candidate starting with it
+    first_with: dict[tuple[int, ...], int] = {}  # agreed prefix -> the first candidate with it
     for k, candidate in enumerate(candidates):
         matched, expected = 0, first
         for j, token in enumerate(candidate):
             if token != expected:
                 break
             matched += 1
+            leader = first_with.setdefault(tuple(candidate[: j + 1]), k)
             if j + 1 < len(candidate):
-                expected = choice(first_with.setdefault(tuple(candidate[: j + 1]), k), j)
+                expected = choice(leader, j)
         out.append(matched)
     return out
 
