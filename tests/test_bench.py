@@ -93,3 +93,13 @@ def test_peak_memory_sees_a_tensor_that_lived_inside_the_block():
         time.sleep(0.05)
         del block
     assert memory.peak >= before + 250
+
+
+def test_device_option_refuses_what_this_machine_lacks(capsys):
+    import torch
+
+    assert main(["bench", "humaneval", "--device", "gpu7"]) == 1
+    assert "unknown --device 'gpu7'" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main(["generate", "x", "--device", "cuda"]) == 1
+        assert "no CUDA device" in capsys.readouterr().err

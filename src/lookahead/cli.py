@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("-G", "--max-candidates", type=int, help="candidates per step G (default: picked)")
     gen.add_argument("--max-new-tokens", type=int, default=256, help="default: %(default)s")
     gen.add_argument("--dtype", default="float32", choices=sorted(models.DTYPES), help="default: %(default)s")
+    gen.add_argument("--device", default="auto", help="cpu | cuda | cuda:N (default: auto: cuda when available)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
     gen.add_argument("--top-p", type=float, help="nucleus sampling (with --temperature > 0)")
     gen.add_argument("--top-k", type=int, help="top-k sampling (with --temperature > 0)")
@@ -53,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-new-tokens", type=int, default=256, help="default: %(default)s")
     bench.add_argument("--model", default=models.DEFAULT_MODEL, help="as for generate (default: %(default)s)")
     bench.add_argument("--dtype", default="bfloat16", choices=sorted(models.DTYPES), help="default: %(default)s")
+    bench.add_argument("--device", default="auto", help="cpu | cuda | cuda:N (default: auto: cuda when available)")
     bench.add_argument("-W", "--window-size", type=int, help="also run this fixed W/N/G (the rest default)")
     bench.add_argument("-N", "--ngram-size", type=int)
     bench.add_argument("-G", "--max-candidates", type=int)
@@ -70,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching")
     serve.add_argument("--model", default=models.DEFAULT_MODEL, help="as for generate (default: %(default)s)")
     serve.add_argument("--dtype", default="bfloat16", choices=sorted(models.DTYPES), help="default: %(default)s")
+    serve.add_argument("--device", default="auto", help="cpu | cuda | cuda:N (default: auto: cuda when available)")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     serve.add_argument("--port", type=int, default=8000, help="default: %(default)s")
     serve.add_argument("--max-batch-size", type=int, default=8, help="sequences decoded together (default: 8)")
@@ -95,6 +98,21 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def _device(name: str) -> str:
+    """``auto``: the first CUDA device when there is one, else the CPU."""
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise ValueError(f"unknown --device {name!r}: use cpu, cuda, cuda:N or auto") from err
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: this machine has no CUDA device (torch {torch.__version__}): use cpu")
+    return name
+
+
 def _generate(args) -> int:
     import torch
     import transformers
@@ -109,7 +127,7 @@ def _generate(args) -> int:
     lookahead = Lookahead(args.window_size, args.ngram_size, args.max_candidates)  # validates W/N/G
     settings = _generation_settings(args)
     sample = settings["do_sample"]
-    model, tokenizer = models.load(args.model, dtype=args.dtype)
+    model, tokenizer = models.load(args.model, dtype=args.dtype, device=_device(args.device))
     text = args.prompt
     if args.chat:
         if tokenizer.chat_template is None:
@@ -189,7 +207,7 @@ def _bench(args) -> int:
         raise ValueError("--n, --max-new-tokens and --batch-size must be at least 1")
     methods = bench.methods_for(args.window_size, args.ngram_size, args.max_candidates)
     suites = {name: datasets.load(name, args.n) for name in args.datasets}  # fail early on a bad name
-    model, tokenizer = models.load(args.model, dtype=args.dtype)
+    model, tokenizer = models.load(args.model, dtype=args.dtype, device=_device(args.device))
     out = Path(args.out)
     for name, prompts in suites.items():
         label = Path(name).stem
@@ -239,7 +257,7 @@ def _serve(args) -> int:
     if args.max_batch_size < 1 or args.max_queue < 1:
         raise ValueError("--max-batch-size and --max-queue must be at least 1")
     lookahead = Lookahead(args.window_size, args.ngram_size, args.max_candidates)  # validates W/N/G
-    model, tokenizer = models.load(args.model, dtype=args.dtype)
+    model, tokenizer = models.load(args.model, dtype=args.dtype, device=_device(args.device))
     if args.plain:  # the same engine, one token per step: no candidates, no window, no pools
         cfg = LookaheadConfig(0, 2, 0, seed_pool_from_prompt=False, pool_from_output=False, context_lookup=False)
     else:

@@ -51,6 +51,14 @@ from .layout import StepLayout
 from .support import MaskSpec
 
 
+def _send(values, device: torch.device) -> torch.Tensor:
+    """Host values (a tensor or nested lists of ints) on ``device``: copied without waiting for
+    the device's queue (non-blocking; the driver stages pageable memory before returning), so
+    that a step's inputs add no host-device synchronisation."""
+    tensor = values if isinstance(values, torch.Tensor) else torch.tensor(values)
+    return tensor if tensor.device == device else tensor.to(device, non_blocking=True)
+
+
 def _src_slots(layout: StepLayout, picks: Sequence[tuple[int | None, int]], width: int) -> list[list[int]]:
     """For each sequence, the step slots whose cache entries it keeps (t first), padded to ``width``."""
     out = []
@@ -73,7 +81,7 @@ def _compact_step(layers, step_length: int, src: list[list[int]]) -> None:
         past = layer.keys.shape[2] - step_length
         device = layer.keys.device
         if device not in slots:
-            slots[device] = torch.tensor(src, device=device)
+            slots[device] = _send(src, device)
         index = slots[device] + past  # [B, m]
         for name in ("keys", "values"):
             states = getattr(layer, name)  # [B, H, C + L, D]
@@ -113,14 +121,14 @@ class DecoderRunner:
         device = self.model.device
         longest = max(len(p) for p in prompts)
         pads = [longest - len(p) for p in prompts]
-        ids = torch.tensor([[p[0]] * pad + list(p) for p, pad in zip(prompts, pads, strict=True)], device=device)
+        ids = _send([[p[0]] * pad + list(p) for p, pad in zip(prompts, pads, strict=True)], device)
         key_pos = torch.stack([torch.arange(longest) - pad for pad in pads])  # [B, S] (host)
         key_pos[key_pos < 0] = -1
         self.cache = DynamicCache()  # a batch starting anew (the first, or after every sequence left)
         self.holes = any(pads)
         # as transformers' prefill: a 2D padding mask (the model builds the causal part), pads at position 1
-        mask = (key_pos >= 0).long().to(device) if self.holes else None
-        positions = {"position_ids": key_pos.masked_fill(key_pos < 0, 1).to(device)} if self.spec.positions else {}
+        mask = _send((key_pos >= 0).long(), device) if self.holes else None
+        positions = {"position_ids": _send(key_pos.masked_fill(key_pos < 0, 1), device)} if self.spec.positions else {}
         out = self.model(
             input_ids=ids,
             **positions,
@@ -163,21 +171,21 @@ class DecoderRunner:
     def step(self, layout: StepLayout, step_ids: Sequence[Sequence[int]]) -> torch.Tensor:
         """One forward pass over every sequence's step -> the used slots' logits [B, K, V]."""
         device = self.model.device
-        positions = (layout.positions[None] + self.n_cached[:, None]).to(device)  # [B, L]
+        positions = _send(layout.positions[None] + self.n_cached[:, None], device)  # [B, L]
         # t alone with no hole to hide: let the model build its own mask, exactly as plain decoding
         # (the same attention kernel, hence the same rounding)
         if layout.length == 1 and not self.holes and not self.trimmed:
             mask = None
         elif self.spec.positions:
-            key_pos = self.key_pos.to(device)
-            mask = self.spec.build(layout.mask.to(device), key_pos, positions, self.model.dtype, self.trim)
+            key_pos = _send(self.key_pos, device)
+            mask = self.spec.build(_send(layout.mask, device), key_pos, positions, self.model.dtype, self.trim)
         else:  # linear steps: a 2D mask hides the holes; the model derives positions and causality
             ones = self.key_pos.new_ones(len(step_ids), layout.length)
-            mask = torch.cat([(self.key_pos >= 0).long(), ones], dim=1).to(device)  # [B, C + L]
+            mask = _send(torch.cat([(self.key_pos >= 0).long(), ones], dim=1), device)  # [B, C + L]
         extra = {"position_ids": positions} if self.spec.positions else {}
-        slots = layout.logit_slots.to(device)
+        slots = _send(layout.logit_slots, device)
         out = self.model(
-            input_ids=torch.tensor([list(s) for s in step_ids], device=device),
+            input_ids=_send([list(s) for s in step_ids], device),
             **extra,
             attention_mask=mask,
             cache=self.cache,
@@ -239,7 +247,7 @@ class DecoderRunner:
         """Keep only the sequences ``keep`` (indices into the current batch), then cut leading columns
         that are holes in every remaining sequence."""
         index = torch.tensor(list(keep))
-        self.cache.batch_select_indices(index.to(self.model.device))
+        self.cache.batch_select_indices(_send(index, self.model.device))
         self.key_pos, self.n_cached = self.key_pos[index], self.n_cached[index]
         valid = (self.key_pos >= 0).any(dim=0)
         lead = int(valid.long().argmax()) if bool(valid.any()) else 0
@@ -283,8 +291,8 @@ class Seq2SeqRunner:
 
     def step(self, layout: StepLayout, step_ids: Sequence[Sequence[int]]) -> torch.Tensor:
         """A linear step ([t, c_1, ..., c_k] per sequence) -> the used slots' logits [B, K, V]."""
-        logits = self._forward(torch.tensor([list(s) for s in step_ids], device=self.model.device))
-        return logits[:, layout.logit_slots.to(logits.device)]
+        logits = self._forward(_send([list(s) for s in step_ids], self.model.device))
+        return logits[:, _send(layout.logit_slots, logits.device)]
 
     def commit(self, layout: StepLayout, picks: Sequence[tuple[int | None, int]]) -> None:
         """Every sequence keeps the same number of entries: t and the first accepted tokens. A sequence
