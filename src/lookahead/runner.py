@@ -60,13 +60,15 @@ def _send(values, device: torch.device) -> torch.Tensor:
 
 
 def _src_slots(layout: StepLayout, picks: Sequence[tuple[int | None, int]], width: int) -> list[list[int]]:
-    """For each sequence, the step slots whose cache entries it keeps (t first), padded to ``width``."""
+    """For each sequence, the step slots whose cache entries it keeps (t first), padded to ``width``
+    with the columns' own slots (they become holes, whatever they hold), so that a sequence that
+    kept t and its first chain's leading tokens needs no move."""
     out = []
     for candidate, kept in picks:
         src = [layout.t_slot]
         if candidate is not None:
             src += list(layout.candidate_slots[candidate][: kept - 1])
-        out.append(src + [layout.t_slot] * (width - len(src)))
+        out.append(src + list(range(len(src), width)))
     return out
 
 

@@ -354,25 +354,27 @@ class WidthChooser:
         # lost before is no reason not to try after a longer one (a batch mixes them: one state)
         self._bucket = matches[0] if len(matches) == 1 else None
         self._observed = False
-        if not self.enabled or self.curve is None or self.max_candidates == 0 and not self.window_size:
+        tuned = self.enabled and self.curve is not None and (self.max_candidates > 0 or self.window_size > 0)
+        probe = self.probe if tuned else None  # priced once per step
+        if not tuned:
             choice = self.widest
         elif not self.observations or self._since_probe >= max(
-            self.probe_every, self._interval.get(self._bucket, 0), self._budget()
+            self.probe_every, self._interval.get(self._bucket, 0), self._budget(probe)
         ):
-            choice = self.probe  # observe first, then probe now and then
+            choice = probe  # observe first, then probe now and then
         else:
             choice = self.best(matches)
         if not self.window_size and choice != PLAIN and self.available(*choice) == 0:
             choice = PLAIN  # no candidate at hand: the step is a plain one, and counted as such
-        if choice == self.widest or self.enabled and self.curve is not None and choice == self.probe:
+        if choice == self.widest or tuned and choice == probe:
             self._since_probe = 0
         self.chosen[choice] += 1
         return choice
 
-    def _budget(self) -> int:
+    def _budget(self, probe: tuple[int, int]) -> int:
         """Steps between probes that keep a losing probe's extra cost within ``probe_overhead`` of
         plain decoding's time (a (1,4) probe costs 1.9 plain steps alone, 3.3 in a batch of 8)."""
-        extra = self.ratio(self.size(*self.probe)) - 1.0
+        extra = self.ratio(self.size(*probe)) - 1.0
         return math.ceil(extra / self.probe_overhead)
 
     def record(self, choice: tuple[int, int], cap: int, lengths: Sequence[int], match: int | None = None) -> None:
