@@ -282,3 +282,20 @@ def test_learned_batch_costs_override_the_curve():
     off = WidthChooser(flat, 1, 4, batch=8)
     off.observe_cost(8, 4, 0.5)
     assert off.ratio(4) == 1.0  # not learning: the curve alone
+
+
+def test_batch_rows_without_candidates_count_one_token():
+    """In a batch of 4 where candidates always match fully but only one row has any at hand, a
+    wide step yields (4 + 1 + 1 + 1) / 4 = 1.75 tokens per row, not 4: with FLAT's cost it still
+    pays, with a cost of 2x per row it no longer does."""
+    costly = CostCurve(((1, 1.0), (4, 1.0), (16, 2.0)))  # T(4 rows x 4 tokens) = 2 T(4 rows x 1)
+    for curve, pays in ((FLAT, True), (costly, False)):
+        chooser = WidthChooser(curve, max_candidates=1, ngram_size=4, batch=4)
+        for _ in range(8):
+            chooser.record((1, 4), 3, [3])
+        assert chooser.rate(1, 4, [0] * 4) == pytest.approx(4 / curve.ratio(4, 4))  # every row has one
+        chooser.choose([0] * 4, at_hand=[1, 0, 0, 0])
+        assert chooser.rate(1, 4, [0] * 4) == pytest.approx(1.75 / curve.ratio(4, 4))
+        assert (chooser.best([0] * 4) != PLAIN) == pays
+    chooser.choose([0] * 4, at_hand=[0, 0, 0, 0])  # nothing at hand anywhere: a plain step
+    assert chooser.available(1, 4) == 0

@@ -26,7 +26,7 @@ from .choices import StepChoices, fetch_matched
 from .config import LookaheadConfig, LookaheadStats
 from .layout import StepLayout
 from .runner import DecoderRunner, Seq2SeqRunner
-from .sequences import Emitter, SeqState, align, plan_step, step_sizes, use_tree
+from .sequences import Emitter, SeqState, align, at_hand, plan_step, step_sizes, use_tree
 from .step import Scorer
 from .support import MaskSpec
 from .tuning import WidthChooser, match_lengths
@@ -113,10 +113,12 @@ class Engine:
         chooser.batch = len(active)
         matches = [seq.match_length() if chooser.enabled else None for seq in active]
         limits = [self._limit(seq) for seq in active]
-        sizes = None
+        sizes = have = None
         if chooser.enabled and use_tree(active, cfg):  # price each option by its token tree
             sizes = step_sizes(active[0], cfg, self.spec, limits[0], chooser.options())
-        choice = chooser.choose(matches, sizes)
+        elif chooser.enabled and len(active) > 1:  # rows with nothing to verify gain nothing
+            have = [at_hand(seq, cfg, self.spec, limit) for seq, limit in zip(active, limits, strict=True)]
+        choice = chooser.choose(matches, sizes, have)
         layout, step_ids = plan_step(active, cfg, choice, self.spec, limits)
 
         # 2. one forward pass, and the model's greedy choices at the kept slots: on an accelerator

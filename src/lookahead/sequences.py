@@ -162,6 +162,14 @@ def step_sizes(
     return sizes
 
 
+def at_hand(seq: SeqState, cfg: LookaheadConfig, spec: MaskSpec, limit: int) -> int:
+    """How many candidates seq could verify this step at the widest setting (its own caps applied)."""
+    cap, g = _cap(seq, cfg.ngram_size, spec, limit), _own_g(seq, cfg.max_candidates)
+    if cap <= 0 or g <= 0:
+        return 0
+    return len(_pick(_pooled(seq, cap, cfg.max_candidates), g, cap))
+
+
 def plan_step(
     seqs: Sequence[SeqState], cfg: LookaheadConfig, choice: tuple[int, int], spec: MaskSpec, limits: Sequence[int]
 ) -> tuple[StepLayout, list[list[int]]]:

@@ -233,6 +233,7 @@ class WidthChooser:
     _observed: bool = False  # whether this step recorded an observation
     _matches: list = field(default_factory=lambda: [None])
     _sizes: dict | None = None  # this step's input tokens per option, when the caller knows them
+    _at_hand: list | None = None  # in a batch: candidates each row has at hand this step, when known
     # learn_costs: price batched steps by the seconds their own forward passes took (a running
     # mean per batch size and tokens per sequence), where the single-sequence curve's
     # T(B * k) / T(B) misjudges a batch; timing-dependent, so for servers, whose outputs do not
@@ -292,6 +293,8 @@ class WidthChooser:
         """Candidates (g, n) would verify this step: at most g, fewer when fewer are at hand."""
         if self._sizes is not None and (g, n) in self._sizes:
             return self._sizes[(g, n)][1]
+        if self._at_hand is not None:
+            return min(g, max(self._at_hand, default=0))
         return g
 
     def expected_tokens(self, g: int, n: int, match: int | None = None) -> float:
@@ -336,20 +339,29 @@ class WidthChooser:
         have = self.available(g, n)
         if not have:
             return 1.0 / self.ratio(self.size(g, n))
-        # rows share few match lengths (0-3, None): each length's expectation once, weighted
-        counts = Counter(matches)
-        expected = sum(self.expected_tokens(have, n, m) * c for m, c in counts.items()) / len(matches)
+        # rows share few (candidates, match length) pairs: each pair's expectation once, weighted;
+        # a row of a batch with no candidate at hand emits one token, whatever the others verify
+        if self._at_hand is not None and len(self._at_hand) == len(matches):
+            counts = Counter((min(have, h), m) for h, m in zip(self._at_hand, matches, strict=True))
+        else:
+            counts = Counter((have, m) for m in matches)
+        expected = sum(self.expected_tokens(h, n, m) * c for (h, m), c in counts.items()) / len(matches)
         return expected / self.ratio(self.size(g, n))
 
     def best(self, matches: Sequence[int | None] = (None,)) -> tuple[int, int]:
         return max([PLAIN, *self.options()], key=lambda choice: self.rate(*choice, matches))
 
-    def choose(self, matches: Sequence[int | None] = (None,), sizes: dict | None = None) -> tuple[int, int]:
+    def choose(
+        self, matches: Sequence[int | None] = (None,), sizes: dict | None = None, at_hand: Sequence[int] | None = None
+    ) -> tuple[int, int]:
         """The setting for the next step; ``matches[b]``: row b's longest earlier-seen suffix;
-        ``sizes``: each option's input tokens per row this step, when known (see :meth:`size`)."""
+        ``sizes``: each option's input tokens per row this step, when known (see :meth:`size`);
+        ``at_hand[b]``: in a batch, how many candidates row b has at hand (rows with none emit
+        one token: counting them as verifying would overrate wide steps)."""
         self._since_probe += 1
         self._matches = list(matches)
         self._sizes = sizes
+        self._at_hand = list(at_hand) if at_hand is not None else None
         # a probe is judged, and backed off, per match length: a repeated suffix where probes
         # lost before is no reason not to try after a longer one (a batch mixes them: one state)
         self._bucket = matches[0] if len(matches) == 1 else None
