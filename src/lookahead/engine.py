@@ -26,7 +26,7 @@ from .choices import StepChoices, fetch_matched
 from .config import LookaheadConfig, LookaheadStats
 from .layout import StepLayout
 from .runner import DecoderRunner, Seq2SeqRunner
-from .sequences import Emitter, SeqState, align, at_hand, plan_step, step_sizes, use_tree
+from .sequences import Emitter, SeqState, align, at_hand, plan_step, pooled, step_sizes, use_tree
 from .step import Scorer
 from .support import MaskSpec
 from .tuning import WidthChooser, match_lengths
@@ -113,13 +113,15 @@ class Engine:
         chooser.batch = len(active)
         matches = [seq.match_length() if chooser.enabled else None for seq in active]
         limits = [self._limit(seq) for seq in active]
-        sizes = have = None
+        sizes = have = found = None
+        if chooser.enabled:  # the candidates at hand, looked up once for pricing and planning
+            found = [pooled(seq, cfg, self.spec, limit) for seq, limit in zip(active, limits, strict=True)]
         if chooser.enabled and use_tree(active, cfg):  # price each option by its token tree
-            sizes = step_sizes(active[0], cfg, self.spec, limits[0], chooser.options())
-        elif chooser.enabled and len(active) > 1:  # rows with nothing to verify gain nothing
-            have = [at_hand(seq, cfg, self.spec, limit) for seq, limit in zip(active, limits, strict=True)]
+            sizes = step_sizes(active[0], cfg, self.spec, limits[0], chooser.options(), found[0])
+        elif chooser.enabled and len(active) > 1:  # sequences of a batch with nothing to verify gain nothing
+            have = [at_hand(s, cfg, self.spec, lim, f) for s, lim, f in zip(active, limits, found, strict=True)]
         choice = chooser.choose(matches, sizes, have)
-        layout, step_ids = plan_step(active, cfg, choice, self.spec, limits)
+        layout, step_ids = plan_step(active, cfg, choice, self.spec, limits, found)
 
         # 2. one forward pass, and the model's greedy choices at the kept slots: on an accelerator
         # all of them, read at once (the step's one host-device synchronisation); on a CPU only

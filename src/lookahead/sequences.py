@@ -143,35 +143,51 @@ def use_tree(seqs: Sequence[SeqState], cfg: LookaheadConfig) -> bool:
     return cfg.token_tree and len(seqs) == 1
 
 
+def pooled(seq: SeqState, cfg: LookaheadConfig, spec: MaskSpec, limit: int) -> list[tuple[int, ...]]:
+    """seq's candidates this step, looked up once as for the widest setting and cut per option
+    (by :func:`step_sizes`, :func:`at_hand` and :func:`plan_step`)."""
+    return _pooled(seq, max(0, _cap(seq, cfg.ngram_size, spec, limit)), cfg.max_candidates)
+
+
 def step_sizes(
-    seq: SeqState, cfg: LookaheadConfig, spec: MaskSpec, limit: int, options: Sequence[tuple[int, int]]
+    seq: SeqState,
+    cfg: LookaheadConfig,
+    spec: MaskSpec,
+    limit: int,
+    options: Sequence[tuple[int, int]],
+    found: Sequence[tuple[int, ...]],
 ) -> dict[tuple[int, int], tuple[int, int]]:
     """For each option (g, n): the input tokens of the step it would run for this sequence, its
-    candidates merged into a token tree, and how many candidates it would verify. What
-    :class:`lookahead.tuning.WidthChooser` prices: shared prefixes and missing candidates cost
-    nothing, and missing candidates accept nothing."""
-    pooled = _pooled(seq, max(0, _cap(seq, cfg.ngram_size, spec, limit)), cfg.max_candidates)
+    candidates (``found``, from :func:`pooled`) merged into a token tree, and how many candidates
+    it would verify. What :class:`lookahead.tuning.WidthChooser` prices: shared prefixes and
+    missing candidates cost nothing, and missing candidates accept nothing."""
     base = build_layout(1, cfg.window_size, _levels([seq], cfg, spec, True)).length  # t and the window
     sizes = {}
     for g, n in options:
         cap = _cap(seq, n, spec, limit)
         g = _own_g(seq, g)
-        picked = _pick(pooled, g, cap) if cap > 0 and g > 0 else []
+        picked = _pick(found, g, cap) if cap > 0 and g > 0 else []
         nodes = {candidate[: j + 1] for candidate in picked for j in range(len(candidate))}  # = tree_shape's
         sizes[(g, n)] = (base + len(nodes), len(picked))
     return sizes
 
 
-def at_hand(seq: SeqState, cfg: LookaheadConfig, spec: MaskSpec, limit: int) -> int:
-    """How many candidates seq could verify this step at the widest setting (its own caps applied)."""
+def at_hand(seq: SeqState, cfg: LookaheadConfig, spec: MaskSpec, limit: int, found: Sequence[tuple[int, ...]]) -> int:
+    """How many of ``found`` (from :func:`pooled`) seq could verify this step at the widest setting
+    (its own caps applied)."""
     cap, g = _cap(seq, cfg.ngram_size, spec, limit), _own_g(seq, cfg.max_candidates)
     if cap <= 0 or g <= 0:
         return 0
-    return len(_pick(_pooled(seq, cap, cfg.max_candidates), g, cap))
+    return len(_pick(found, g, cap))
 
 
 def plan_step(
-    seqs: Sequence[SeqState], cfg: LookaheadConfig, choice: tuple[int, int], spec: MaskSpec, limits: Sequence[int]
+    seqs: Sequence[SeqState],
+    cfg: LookaheadConfig,
+    choice: tuple[int, int],
+    spec: MaskSpec,
+    limits: Sequence[int],
+    found: Sequence[Sequence[tuple[int, ...]]] | None = None,
 ) -> tuple[StepLayout, list[list[int]]]:
     """Pick every sequence's candidates (``seq.candidates``) and lay out one step for the batch.
 
@@ -179,15 +195,15 @@ def plan_step(
     (no window either). ``limits[b]`` is the length sequence b may reach (so it emits at most
     ``limits[b] - len(ids)`` tokens). Candidates sharing a prefix share their slots (a token
     tree) in a batch of one; in a batch, every candidate gets slots of its own, and sequences
-    with fewer candidates get filler chains. Returns the layout and each sequence's input ids [B][L].
+    with fewer candidates get filler chains. ``found[b]``: sequence b's :func:`pooled` candidates,
+    when the caller looked them up already. Returns the layout and each sequence's input ids [B][L].
     """
     g, n = choice
     wide = n > 1
-    for seq, limit in zip(seqs, limits, strict=True):
+    for b, (seq, limit) in enumerate(zip(seqs, limits, strict=True)):
         cap, own_g = _cap(seq, n, spec, limit), _own_g(seq, g)
         if wide and cap > 0 and own_g > 0:  # looked up as for the widest setting, as step_sizes does
-            pooled = _pooled(seq, _cap(seq, cfg.ngram_size, spec, limit), cfg.max_candidates)
-            seq.candidates = _pick(pooled, own_g, cap)
+            seq.candidates = _pick(found[b] if found is not None else pooled(seq, cfg, spec, limit), own_g, cap)
         else:
             seq.candidates = []
     n_levels = _levels(seqs, cfg, spec, wide)
