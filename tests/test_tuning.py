@@ -284,6 +284,27 @@ def test_learned_batch_costs_override_the_curve():
     assert off.ratio(4) == 1.0  # not learning: the curve alone
 
 
+def test_learned_costs_carry_across_batch_sizes():
+    """Timings are kept by the step's total new tokens, so steps of a batch of 8 price a batch of 6
+    (which a server reaches as sequences finish): 6 x 4 = 24 tokens took what 8 x 3 did, and 6 x 1
+    is 8 x 1 scaled by the curve's shape below the smallest count timed. One trusted count alone
+    says nothing about a ratio: the curve's stands."""
+    curve = CostCurve(((1, 1.0), (4, 1.0), (8, 2.0), (128, 2.0)))  # T(6) / T(8) = 0.75
+    chooser = WidthChooser(curve, 1, 4, batch=6, learn_costs=True)
+    chooser.observe_cost(8, 1, 0.1)
+    for _ in range(2):
+        chooser.observe_cost(8, 1, 0.1)
+        assert chooser.ratio(4) == curve.ratio(4, 6)  # nothing trusted yet, then one count only
+    for _ in range(3):
+        for k, seconds in ((2, 0.3), (3, 0.4), (4, 0.5)):
+            chooser.observe_cost(8, k, seconds)
+    assert chooser.learned_cost(6) == pytest.approx(0.075)
+    assert chooser.learned_cost(20) == pytest.approx(0.35)  # halfway between 16 and 24 tokens
+    assert chooser.learned_cost(64) == pytest.approx(0.5)  # the curve is flat past 32
+    assert chooser.ratio(4) == pytest.approx(0.4 / 0.075)
+    assert chooser.ratio(1) == 1.0
+
+
 def test_batch_rows_without_candidates_count_one_token():
     """In a batch of 4 where candidates always match fully but only one row has any at hand, a
     wide step yields (4 + 1 + 1 + 1) / 4 = 1.75 tokens per row, not 4: with FLAT's cost it still

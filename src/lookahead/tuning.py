@@ -235,29 +235,53 @@ class WidthChooser:
     _sizes: dict | None = None  # this step's input tokens per option, when the caller knows them
     _at_hand: list | None = None  # in a batch: candidates each row has at hand this step, when known
     # learn_costs: price batched steps by the seconds their own forward passes took (a running
-    # mean per batch size and tokens per sequence), where the single-sequence curve's
+    # mean per total of new tokens, over every batch size), where the single-sequence curve's
     # T(B * k) / T(B) misjudges a batch; timing-dependent, so for servers, whose outputs do not
     # depend on step shapes (greedy, and sampling from position-keyed noise)
     learn_costs: bool = False
-    _step_costs: dict = field(default_factory=dict)  # (batch, tokens per sequence) -> [mean seconds, count]
+    min_samples: int = 3  # timings of a token count before it is trusted
+    _step_costs: dict = field(default_factory=dict)  # new tokens in the step -> [mean seconds, count]
+    _learned: list | None = None  # the trusted (tokens, seconds), increasing tokens; None: to sort
 
     def ratio(self, k: int) -> float:
         """The cost of a step of k input tokens per sequence relative to a plain one, for this
-        step's batch: as timed (``learn_costs``, both shapes seen at least 3 times), else from
-        the curve."""
+        step's batch: from the steps' own timings where ``learn_costs`` has them (see
+        :meth:`learned_cost`), else from the curve."""
         if self.learn_costs and self.batch > 1:
-            wide, plain = self._step_costs.get((self.batch, k)), self._step_costs.get((self.batch, 1))
-            if wide and plain and wide[1] >= 3 and plain[1] >= 3:
-                return max(1.0, wide[0] / plain[0])
+            wide, plain = self.learned_cost(self.batch * k), self.learned_cost(self.batch)
+            if wide is not None and plain is not None:
+                return max(1.0, wide / plain)
         return self.curve.ratio(k, self.batch)
+
+    def learned_cost(self, tokens: int) -> float | None:
+        """Seconds a step over ``tokens`` new tokens (all sequences together) took, as timed: the
+        mean at that count, linear between the counts timed at least ``min_samples`` times, and
+        beyond them the nearest one scaled by the curve's shape. Keyed by total tokens, so that
+        every batch size informs the others (a batch of 6 stepping 4 tokens each is priced by
+        steps of 8 x 3 and 8 x 4 as well); None before any count is trusted."""
+        if self._learned is None:
+            self._learned = sorted((t, m) for t, (m, c) in self._step_costs.items() if c >= self.min_samples)
+        points = self._learned
+        if not points:
+            return None
+        (lo, lo_s), (hi, hi_s) = points[0], points[-1]
+        if tokens <= lo:
+            return lo_s * self.curve(tokens) / self.curve(lo)
+        if tokens >= hi:
+            return hi_s * self.curve(tokens) / self.curve(hi)
+        for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
+            if tokens <= x1:
+                return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
+        raise AssertionError("unreachable")
 
     def observe_cost(self, batch: int, k: int, seconds: float) -> None:
         """Record the seconds a forward pass over ``batch`` sequences of ``k`` tokens took."""
         if not self.learn_costs:
             return
-        entry = self._step_costs.setdefault((batch, k), [0.0, 0])
+        entry = self._step_costs.setdefault(batch * k, [0.0, 0])
         entry[1] += 1
         entry[0] += (seconds - entry[0]) / min(entry[1], 16)  # the mean, then a moving mean
+        self._learned = None
 
     @property
     def widest(self) -> tuple[int, int]:

@@ -1,0 +1,128 @@
+"""The server's engine under load, without HTTP: lookahead against plain one-token steps, alternating.
+
+`benchmarks/serve_load.py` measures what clients see, through uvicorn and the openai client;
+this drives the same :class:`lookahead.service.Service` (engine thread, continuous batching,
+learned batch costs, warm pool) in-process, so that a change to the engine or the tuner can be
+judged in a few minutes and with less noise. C clients each send their share of the requests one
+after another (greedy, ``max_tokens`` each); every repeat builds fresh services (an empty warm
+pool, nothing learned), and the servers run one after the other on the same requests. Reports
+output tokens/s per server and repeat, its ratio to plain, forward passes and the steps that were
+wide, and checks that every server returned the same tokens.
+
+    .venv/bin/python benchmarks/engine_load.py --dataset mtbench --clients 16 --requests 16 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+from lookahead import datasets, models
+from lookahead.config import LookaheadConfig
+from lookahead.decoding import Lookahead
+from lookahead.pool import SharedPool
+from lookahead.service import Request, Service
+
+
+def services(model, lookahead: LookaheadConfig, max_batch_size: int) -> dict:
+    plain = LookaheadConfig(0, 2, 0, seed_pool_from_prompt=False, pool_from_output=False, context_lookup=False)
+    return {
+        "plain": Service(model, plain, max_batch_size=max_batch_size),
+        "lookahead": Service(model, lookahead, max_batch_size=max_batch_size, shared_pool=SharedPool()),
+        "lookahead, no shared pool": Service(model, lookahead, max_batch_size=max_batch_size),
+    }
+
+
+async def drive(service: Service, prompts: list[list[int]], clients: int, max_tokens: int) -> tuple[float, list]:
+    queue = list(enumerate(prompts))
+    outputs: list = [None] * len(prompts)
+
+    async def client():
+        while queue:
+            index, ids = queue.pop(0)
+            request = Request(ids, max_tokens)
+            service.submit(request)
+            tokens = []
+            while True:
+                event = await request.events.get()
+                tokens += event.tokens
+                if event.finish_reason is not None:
+                    break
+            outputs[index] = tokens
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return time.perf_counter() - start, outputs
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dataset", default="mtbench", help="humaneval | mtbench | FILE.jsonl")
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--requests", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--max-batch-size", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", help="write the rows as JSON here")
+    args = parser.parse_args()
+    model, tokenizer = models.load(args.model, dtype=args.dtype)
+    prompts = [
+        datasets.encode(tokenizer, p)["input_ids"][0].tolist() for p in datasets.load(args.dataset, args.requests)
+    ]
+    cfg = Lookahead().config_for(model.device)
+    rows, reference = [], None
+    for repeat in range(args.repeats):
+        for name, service in services(model, cfg, args.max_batch_size).items():
+            before = (service.stats.steps, dict(service.engine.chooser.chosen))
+            seconds, outputs = asyncio.run(drive(service, prompts, args.clients, args.max_tokens))
+            service.shutdown()
+            tokens = sum(len(o) for o in outputs)
+            chosen = service.engine.chooser.chosen
+            wide = sum(c for choice, c in chosen.items() if choice != (0, 1)) - sum(
+                c for choice, c in before[1].items() if choice != (0, 1)
+            )
+            reference = reference or outputs
+            rows.append(
+                {
+                    "repeat": repeat,
+                    "server": name,
+                    "seconds": seconds,
+                    "tokens": tokens,
+                    "tokens_per_s": tokens / seconds,
+                    "forward_passes": service.stats.steps - before[0],
+                    "wide_steps": wide,
+                    "same_as_plain": sum(o == r for o, r in zip(outputs, reference, strict=True)),
+                }
+            )
+            print(json.dumps(rows[-1]), file=sys.stderr)
+    plain = {r["repeat"]: r["tokens_per_s"] for r in rows if r["server"] == "plain"}
+    print(f"{args.dataset}, {args.clients} clients, {args.requests} requests x {args.max_tokens} tokens, "
+          f"batch <= {args.max_batch_size}, {args.dtype}, {torch.get_num_threads()} threads")  # fmt: skip
+    print("| server | tok/s (median) | vs plain (median of repeats) | forward passes | wide steps | outputs (fewest) |")
+    print("|---|---|---|---|---|---|")
+    for name in dict.fromkeys(r["server"] for r in rows):
+        mine = [r for r in rows if r["server"] == name]
+        ratio = statistics.median(r["tokens_per_s"] / plain[r["repeat"]] for r in mine)
+        same = f"{min(r['same_as_plain'] for r in mine)}/{len(prompts)} identical"
+        print(
+            f"| {name} | {statistics.median(r['tokens_per_s'] for r in mine):.1f} | {ratio:.2f}x | "
+            f"{statistics.median(r['forward_passes'] for r in mine):.0f} | "
+            f"{statistics.median(r['wide_steps'] for r in mine):.0f} | {same} |"
+        )
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+    exact = all(r["same_as_plain"] == len(prompts) for r in rows)
+    return 0 if exact or args.dtype != "float32" else 1  # fp32 must match token for token
+
+
+if __name__ == "__main__":
+    sys.exit(main())
