@@ -3,6 +3,7 @@
 import json
 import time
 
+import pytest
 from tiny_models import char_tokenizer, tiny_model
 
 from lookahead.cli import main
@@ -54,6 +55,12 @@ def test_bench_writes_json_markdown_and_plot(tmp_path, capsys):
     runs = [r for r in report["runs"] if r["method"] == "lookahead(auto)"]
     assert sum(auto["settings"].values()) == sum(sum(r["settings"].values()) for r in runs) > 0
     assert "Steps by setting, lookahead(auto):" in table
+    for row in report["summary"][1:]:  # each method's text against the clairvoyant bound on it
+        assert row["bound"] >= 1.0 and row["share_of_bound"] == pytest.approx(row["speedup"] / row["bound"])
+    assert report["summary"][0]["bound"] is None  # greedy is what the bound is relative to
+    fixed = next(r for r in report["runs"] if r["method"] == "lookahead(2,3,2)")
+    assert fixed["own_cap"] == 2 and fixed["bound_own_cap"] <= fixed["bound"]
+    assert "Against the clairvoyant bound" in table and "| second | " in table  # the per-prompt table
     assert "| greedy |" in capsys.readouterr().out
 
 
@@ -79,6 +86,7 @@ def test_bench_by_batch_size(tmp_path, capsys):
     assert two["meta"]["batch_size"] == 2
     table = (out / "mine-batches.md").read_text()
     assert "| 2 | lookahead(auto) |" in table and "| 1 | prompt_lookup(3) |" in table
+    assert one["summary"][2]["bound"] >= 1.0 and two["summary"][1]["bound"] is None  # one sequence's bound only
 
 
 def test_peak_memory_sees_a_tensor_that_lived_inside_the_block():

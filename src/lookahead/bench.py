@@ -1,8 +1,11 @@
 """``lookahead bench``: lookahead against plain greedy and prompt lookup, measured honestly.
 
 All methods run in one process, alternating prompt by prompt, so that machine drift cancels out.
-Speedups are medians of per-prompt ratios against plain greedy on the same prompt. Results go to
-a JSON file, a Markdown table and PNG plots (matplotlib).
+Speedups are medians of per-prompt ratios against plain greedy on the same prompt. At batch 1,
+every method's text is also scored against the clairvoyant bound (``lookahead.bound``: the
+speedup a policy that knew which candidates match would reach, paying the model's cost curve),
+so that a policy is judged by how much of what its candidates allow it reaches. Results go to a
+JSON file, a Markdown table and PNG plots (matplotlib).
 """
 
 from __future__ import annotations
@@ -19,7 +22,10 @@ from pathlib import Path
 import torch
 
 from . import datasets
-from .decoding import Lookahead
+from .bound import clairvoyant_bound
+from .decoding import Lookahead, model_cost_curve
+
+BOUND_CAP = 7  # the longest candidate the clairvoyant policy verifies (lookahead.bound)
 
 
 @dataclass
@@ -42,6 +48,9 @@ class Run:
     accepted_hist: list[int] = field(default_factory=list)
     wide_share: float | None = None  # share of lookahead steps that were wide (the rest: plain)
     settings: dict[str, int] | None = None  # steps per setting the tuner chose ("plain", "G=1,N=4", ...)
+    bound: float | None = None  # the clairvoyant speedup on this run's text (batch 1; see lookahead.bound)
+    bound_own_cap: float | None = None  # the same with candidates no longer than the method's own
+    own_cap: int | None = None  # the method's longest candidate (lookahead: N - 1)
 
     @property
     def tokens_per_second(self) -> float:
@@ -49,7 +58,7 @@ class Run:
 
 
 def methods_for(window_size=None, ngram_size=None, max_candidates=None, prompt_lookup_tokens=3) -> list[Method]:
-    auto = Lookahead()
+    auto = Lookahead(record_candidates=True)
     chosen = [
         Method("greedy", dict),
         Method(
@@ -60,7 +69,7 @@ def methods_for(window_size=None, ngram_size=None, max_candidates=None, prompt_l
         Method("lookahead(auto)", lambda: {"custom_generate": auto}, auto),
     ]
     if any(v is not None for v in (window_size, ngram_size, max_candidates)):
-        fixed = Lookahead(window_size, ngram_size, max_candidates)
+        fixed = Lookahead(window_size, ngram_size, max_candidates, record_candidates=True)
         cfg = fixed.config_for("cpu")
         name = f"lookahead({cfg.window_size},{cfg.ngram_size},{cfg.max_candidates})"
         chosen.append(Method(name, lambda: {"custom_generate": fixed}, fixed))
@@ -130,6 +139,7 @@ def run_bench(
     eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
     groups = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
     runs: list[Run] = []
+    curve = model_cost_curve(model) if batch_size == 1 else None  # the bound is for one sequence
     warmup = datasets.encode_batch(tokenizer, groups[0])
     for method in methods:  # first calls pay one-time costs (allocations, the model probe)
         model.generate(**{k: v.to(model.device) for k, v in warmup.items()}, max_new_tokens=4, **method.kwargs())
@@ -149,11 +159,17 @@ def run_bench(
             if reference is None:
                 reference = out  # greedy runs first
             stats = method.lookahead.last_stats if method.lookahead else None
+            new_tokens = generated_tokens(out, start_len, eos_ids)
+            bounds = {}
+            if curve is not None and method.name != "greedy":
+                bounds = _bounds(
+                    inputs["input_ids"][0].tolist(), out[0, start_len:].tolist()[:new_tokens], curve, method
+                )
             runs.append(
                 Run(
                     method=method.name,
                     prompt="+".join(p.id for p in group),
-                    new_tokens=generated_tokens(out, start_len, eos_ids),
+                    new_tokens=new_tokens,
                     seconds=seconds,
                     identical=out.shape == reference.shape and bool((out == reference).all()),
                     peak_mb=memory.peak,
@@ -161,11 +177,31 @@ def run_bench(
                     accepted_hist=list(stats.accepted_hist) if stats else [],
                     wide_share=stats.wide_steps / max(1, stats.steps - 1) if stats else None,
                     settings=dict(stats.settings) if stats else None,
+                    **bounds,
                 )
             )
             bar.update()
     bar.close()
     return runs
+
+
+def _bounds(prompt: list[int], output: list[int], curve, method: Method) -> dict:
+    """The clairvoyant bound on one run's text: with candidates up to BOUND_CAP tokens, and up to
+    the method's own longest (lookahead: N - 1, counting the candidates its loop had at hand)."""
+    extra, own = None, None
+    if method.lookahead is not None:
+        extra = method.lookahead.last_candidates[0] if method.lookahead.last_candidates else None
+        own = method.lookahead.last_stats.config.ngram_size - 1
+    elif method.name.startswith("prompt_lookup("):
+        own = int(method.name[len("prompt_lookup(") : -1])
+    bound = clairvoyant_bound(prompt, output, curve, cap=BOUND_CAP, extra=extra).speedup
+    capped = clairvoyant_bound(prompt, output, curve, cap=own, extra=extra).speedup if own is not None else None
+    return {"bound": bound, "bound_own_cap": capped, "own_cap": own}
+
+
+def speedup(run: Run, greedy: Run) -> float:
+    """Tokens per second relative to greedy on the same prompt."""
+    return greedy.seconds / run.seconds * run.new_tokens / greedy.new_tokens
 
 
 def summarize(runs: list[Run]) -> list[dict]:
@@ -177,7 +213,9 @@ def summarize(runs: list[Run]) -> list[dict]:
         hists = [r.accepted_hist for r in mine if r.accepted_hist]
         hist = [sum(col) for col in zip(*hists, strict=True)] if hists else []
         steps = [r.new_tokens / r.tokens_per_step for r in mine if r.tokens_per_step]
-        ratios = [greedy[r.prompt].seconds / r.seconds * r.new_tokens / greedy[r.prompt].new_tokens for r in mine]
+        ratios = [speedup(r, greedy[r.prompt]) for r in mine]
+        bounds = [r.bound for r in mine if r.bound is not None]
+        capped = [r.bound_own_cap for r in mine if r.bound_own_cap is not None]
         settings: dict[str, int] = {}
         for r in mine:
             for key, count in (r.settings or {}).items():
@@ -198,6 +236,11 @@ def summarize(runs: list[Run]) -> list[dict]:
                 "throughput": sum(r.new_tokens for r in mine) / sum(r.seconds for r in mine),
                 "wide_share": statistics.mean(r.wide_share for r in mine) if mine[0].wide_share is not None else None,
                 "settings": dict(sorted(settings.items(), key=lambda kv: -kv[1])) or None,
+                # the clairvoyant bound (median over prompts) and the median speedup's share of it
+                "bound": statistics.median(bounds) if bounds else None,
+                "share_of_bound": statistics.median(ratios) / statistics.median(bounds) if bounds else None,
+                "bound_own_cap": statistics.median(capped) if capped else None,
+                "share_of_bound_own_cap": statistics.median(ratios) / statistics.median(capped) if capped else None,
             }
         )
     return rows
@@ -218,6 +261,23 @@ def markdown(rows: list[dict], title: str) -> str:
             f"| {r['method']} | {r['tokens_per_second']:.1f} | {r['speedup']:.2f}x | {r['speedup_geomean']:.2f}x "
             f"| {per_step} | {hist} | {r['identical']:.0%} | {r['peak_mb']:.0f} |"
         )
+    bounded = [r for r in rows if r.get("bound") is not None]
+    if bounded:
+        lines += [
+            "",
+            f"Against the clairvoyant bound (lookahead.bound: every candidate's match known in advance, this "
+            f"model's cost curve; candidates up to {BOUND_CAP} tokens, and up to the method's own longest):",
+            "",
+            f"| method | speedup (median) | bound, cap {BOUND_CAP} (median) | share | bound, own cap | share |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in bounded:
+            own = "-" if r["bound_own_cap"] is None else f"{r['bound_own_cap']:.2f}x"
+            own_share = "-" if r["share_of_bound_own_cap"] is None else f"{r['share_of_bound_own_cap']:.0%}"
+            lines.append(
+                f"| {r['method']} | {r['speedup']:.2f}x | {r['bound']:.2f}x | {r['share_of_bound']:.0%} | {own} "
+                f"| {own_share} |"
+            )
     chosen = [r for r in rows if r.get("settings")]
     if chosen:
         lines.append("")
@@ -225,6 +285,30 @@ def markdown(rows: list[dict], title: str) -> str:
             total = sum(r["settings"].values())
             shares = ", ".join(f"{k} {v / total:.0%}" for k, v in r["settings"].items())
             lines.append(f"Steps by setting, {r['method']}: {shares}.")
+    return "\n".join(lines) + "\n"
+
+
+def prompt_markdown(runs: list[Run]) -> str:
+    """Per prompt: each method's speedup over greedy, the clairvoyant bound on its text (cap
+    BOUND_CAP) and the share of it reached."""
+    greedy = {r.prompt: r for r in runs if r.method == "greedy"}
+    names = list(dict.fromkeys(r.method for r in runs if r.bound is not None))
+    if not names:
+        return ""
+    lines = [
+        "| prompt | " + " | ".join(f"{n}: speedup / bound (share)" for n in names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for prompt, base in greedy.items():
+        cells = []
+        for name in names:
+            run = next((r for r in runs if r.method == name and r.prompt == prompt), None)
+            if run is None or run.bound is None:
+                cells.append("-")
+            else:
+                ratio = speedup(run, base)
+                cells.append(f"{ratio:.2f}x / {run.bound:.2f}x ({ratio / run.bound:.0%})")
+        lines.append(f"| {prompt} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -260,9 +344,7 @@ def plot(runs: list[Run], rows: list[dict], path: Path, title: str) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
     for name in dict.fromkeys(r.method for r in runs if r.method != "greedy"):
         by_prompt = {r.prompt: r for r in runs if r.method == name}
-        ratios = [
-            greedy[p].seconds / by_prompt[p].seconds * by_prompt[p].new_tokens / greedy[p].new_tokens for p in prompts
-        ]
+        ratios = [speedup(by_prompt[p], greedy[p]) for p in prompts]
         left.plot(range(len(prompts)), ratios, marker="o", label=name)
     left.axhline(1.0, color="grey", lw=1, ls="--")
     left.set(title=f"{title}: speedup over greedy per prompt", xlabel="prompt", ylabel="speedup (x)")
@@ -296,6 +378,8 @@ def write_report(runs: list[Run], out_dir: Path, name: str, meta: dict) -> tuple
     (out_dir / f"{name}.json").write_text(
         json.dumps({"meta": meta, "summary": rows, "runs": [r.__dict__ for r in runs]}, indent=1)
     )
-    (out_dir / f"{name}.md").write_text(table + f"\nload average at the end: {meta['load_average']:.2f}\n")
+    per_prompt = prompt_markdown(runs)
+    per_prompt = f"\nPer prompt:\n\n{per_prompt}" if per_prompt else ""
+    (out_dir / f"{name}.md").write_text(table + per_prompt + f"\nload average at the end: {meta['load_average']:.2f}\n")
     plot(runs, rows, out_dir / f"{name}.png", name)
     return table, rows

@@ -51,6 +51,9 @@ class Lookahead:
     ``ValueError`` at construction. After each call, ``last_stats`` holds a
     :class:`LookaheadStats` (steps, tokens per step, accepted-length histogram, the settings
     chosen, time). Batches of left-padded prompts and encoder-decoder models are supported.
+    With ``record_candidates=True``, ``last_candidates[b]`` maps each step of sequence b (by the
+    tokens it had emitted when the step began) to the candidates it had at hand, for
+    :func:`lookahead.bound.clairvoyant_bound`.
     """
 
     def __init__(
@@ -65,6 +68,7 @@ class Lookahead:
         token_tree: bool = True,
         adaptive: bool | None = None,
         cost_curve: CostCurve | Sequence[tuple[int, float]] | None = None,
+        record_candidates: bool = False,
     ) -> None:
         self._overrides = {
             "window_size": window_size,
@@ -82,6 +86,10 @@ class Lookahead:
         # per architecture, device, dtype and thread count, then read from disk (lookahead.tuning)
         self.cost_curve = CostCurve.from_points(cost_curve) if cost_curve is not None else None
         self.last_stats: LookaheadStats | None = None
+        # record_candidates: after each call, last_candidates[b] maps each step's output position
+        # (tokens sequence b had emitted when it started) to the candidates it had at hand then
+        self.record_candidates = record_candidates
+        self.last_candidates: list[dict[int, list[tuple[int, ...]]]] | None = None
 
     def config_for(self, device: torch.device | str) -> LookaheadConfig:
         """The W/N/G this callable uses on ``device``."""
@@ -154,6 +162,7 @@ class Lookahead:
         ]
         for seq in seqs:
             seq.processors, seq.criteria, seq.batch_size = logits_processor, stopping_criteria, batch
+            seq.trace = {} if self.record_candidates else None
             seq.do_sample = bool(generation_config.do_sample)
         chooser = make_chooser(model, cfg, spec, batch, self.cost_curve)
         engine = Engine(model, cfg, spec, chooser, emitter, stats, model_kwargs, keep_cache=want and batch == 1)
@@ -170,6 +179,7 @@ class Lookahead:
         stats.wide_steps = engine.chooser.wide_steps
         stats.settings = engine.chooser.summary()
         stats.decode_seconds = time.perf_counter() - start
+        self.last_candidates = [seq.trace for seq in seqs] if self.record_candidates else None
         if streamer is not None:
             streamer.end()
         logger.debug("lookahead %s: %s", cfg, stats.as_dict())
@@ -242,7 +252,7 @@ def make_chooser(
     """The width chooser for ``cfg``: adaptive ones price steps with ``curve``, or the model's
     cost curve (measured once, then read from disk)."""
     if cfg.adaptive and curve is None:
-        curve = cost_curve(model, lambda: _calibration_step(model, spec))
+        curve = model_cost_curve(model, spec)
     return WidthChooser(
         curve=curve if cfg.adaptive else None,
         max_candidates=cfg.max_candidates,
@@ -251,6 +261,13 @@ def make_chooser(
         batch=batch,
         enabled=cfg.adaptive,
     )
+
+
+def model_cost_curve(model, spec: MaskSpec | None = None) -> CostCurve:
+    """The model's cost curve on its device, dtype and thread count, the one ``Lookahead()``
+    prices its steps with: measured once, then read from disk (``lookahead.tuning.cost_curve``)."""
+    spec = spec or check_model(model)
+    return cost_curve(model, lambda: _calibration_step(model, spec))
 
 
 def _calibration_step(model, spec: MaskSpec):

@@ -53,6 +53,9 @@ class SeqState:
     steps: int = 0  # forward passes this sequence took part in (its prefill included)
     finished: bool = False  # left the batch
     cancelled: bool = False  # asked to leave at the next step boundary
+    # when recording: the candidates at hand at each step, by the output position the step starts
+    # at (what lookahead.bound's clairvoyant policy may pick from besides the text's own suffixes)
+    trace: dict[int, list[tuple[int, ...]]] | None = None
 
     @property
     def t(self) -> int:
@@ -62,6 +65,11 @@ class SeqState:
         self.start_length = self.prompt_ids.shape[1]
         self._prompt_tokens = len(self.committed)
         self._ids = self.prompt_ids
+
+    @property
+    def generated(self) -> int:
+        """Tokens emitted so far."""
+        return len(self.committed) - self._prompt_tokens
 
     @property
     def length(self) -> int:

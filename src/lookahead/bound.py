@@ -1,0 +1,100 @@
+"""The clairvoyant bound: how fast a drafting policy could be, were it to know which guesses match.
+
+A policy decides, step by step, which candidates to verify; the model decides which of their
+tokens it accepts. Given the text the model produced, a *clairvoyant* policy knows, at every
+step, how far each candidate will match, so it verifies the best one cut to exactly its matched
+length: a step of 1 + L input tokens that emits 1 + L tokens (the accepted L and the model's own
+next token), or a plain step (L = 0). Paying the model's cost curve T, the cheapest way through
+the whole text is a shortest path over positions,
+
+    cost(i) = min over L <= best_i of  T(1 + L) / T(1) + cost(i + 1 + L),   cost(end) = 0,
+
+where best_i is the longest match (capped at ``cap`` tokens) among the candidates at position i,
+and the bound is the speedup over plain decoding: tokens / cost(0). No policy using the same
+candidates and paying the same costs can beat it, so a measured speedup divided by the bound says
+how much of what the candidates allow a policy reaches.
+
+The candidates at position i (the text before it: the prompt and the first i output tokens):
+every earlier occurrence of the longest suffix of that text (up to ``max_suffix`` tokens) seen
+earlier in it, and the up to ``cap`` tokens that followed each (SuffixDecoding's and prompt
+lookup's source); plus, where given, the candidates the decoding loop had at hand when a step
+started at i (its n-gram pool, the window's n-grams, the shared pool).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from .tuning import CostCurve
+
+
+@dataclass(frozen=True)
+class Bound:
+    speedup: float  # tokens / the clairvoyant cost, in plain steps
+    tokens: int  # output tokens
+    steps: int  # forward passes the clairvoyant path takes
+    cap: int  # the longest candidate it may verify
+
+
+def suffix_candidates(text: Sequence[int], max_suffix: int = 4, length: int = 7) -> list[tuple[int, ...]]:
+    """What followed every earlier occurrence of the longest suffix of ``text`` (up to
+    ``max_suffix`` tokens) that occurred earlier: up to ``length`` tokens each, newest first."""
+    text = list(text)
+    last = len(text) - 1
+    for m in range(min(max_suffix, last), 0, -1):
+        suffix, final = text[last - m + 1 :], text[last]
+        ends = [e for e in range(m - 1, last) if text[e] == final and text[e - m + 1 : e + 1] == suffix]
+        if ends:
+            return [tuple(text[e + 1 : e + 1 + length]) for e in reversed(ends)]
+    return []
+
+
+def matched(candidate: Sequence[int], target: Sequence[int]) -> int:
+    """Leading tokens of ``candidate`` equal to ``target``'s."""
+    count = 0
+    for a, b in zip(candidate, target, strict=False):
+        if a != b:
+            break
+        count += 1
+    return count
+
+
+def clairvoyant_bound(
+    prompt: Sequence[int],
+    output: Sequence[int],
+    curve: CostCurve,
+    *,
+    cap: int = 7,
+    max_suffix: int = 4,
+    extra: Mapping[int, Sequence[Sequence[int]]] | None = None,
+) -> Bound:
+    """The clairvoyant speedup on ``output`` (the tokens generated after ``prompt``), paying
+    ``curve``; ``extra[i]``: more candidates at output position i (the loop's). See the module
+    docstring."""
+    if cap < 0:
+        raise ValueError(f"cap must be >= 0, got {cap}")
+    curve = CostCurve.from_points(curve)
+    n = len(output)
+    if n == 0:
+        return Bound(1.0, 0, 0, cap)
+    text = [*prompt, *output]
+    best = []  # longest match at each position, within the cap and the text's end
+    for i in range(n):
+        # the first output token comes from the prefill, as in plain decoding: steps start at 1
+        target = output[i:]
+        candidates = suffix_candidates(text[: len(prompt) + i], max_suffix, cap) if i else []
+        candidates += list((extra or {}).get(i, ())) if i else []
+        longest = max((matched(c, target) for c in candidates), default=0)
+        best.append(min(longest, cap, n - 1 - i))
+    unit = curve(1)
+    cost = [0.0] * (n + 1)
+    steps = [0] * (n + 1)
+    for i in range(n - 1, 0, -1):
+        options = [(curve(1 + length) / unit + cost[i + 1 + length], length) for length in range(best[i] + 1)]
+        cost[i], length = min(options)
+        steps[i] = 1 + steps[i + 1 + length]
+    # the prefill's token costs what plain decoding's does (nothing here): tokens per unit of cost
+    decode = n - 1
+    speedup = decode / cost[1] if decode else 1.0
+    return Bound(speedup, n, steps[1] + 1, cap)

@@ -1,0 +1,93 @@
+"""The clairvoyant bound (lookahead.bound): its candidates, its shortest path, and that no real
+run of the loop beats it on the same candidates."""
+
+import itertools
+
+import pytest
+from tiny_models import repetitive_prompt, tiny_model
+
+from lookahead import Lookahead
+from lookahead.bound import clairvoyant_bound, matched, suffix_candidates
+from lookahead.tuning import CostCurve
+
+FREE = CostCurve(((1, 1.0), (128, 1.0)))  # width costs nothing: the bound counts forward passes
+STEEP = CostCurve(((1, 1.0), (2, 3.0), (128, 200.0)))  # any wide step costs more than it can emit
+
+
+def test_suffix_candidates_follow_every_earlier_occurrence_of_the_longest_suffix():
+    text = [5, 6, 7, 9, 6, 7, 8, 1, 6, 7]
+    assert suffix_candidates(text, max_suffix=4, length=3) == [(8, 1, 6), (9, 6, 7)]  # "6 7", newest first
+    assert suffix_candidates(text, max_suffix=1, length=2) == [(8, 1), (9, 6)]  # "7" alone, the same places
+    assert suffix_candidates([1, 2, 3], length=3) == []  # nothing repeats
+    assert suffix_candidates((4, 4, 4), length=2) == [(4,)]  # tuples too; "4 4" ended at 1 only
+    assert matched((3, 4, 9), [3, 4, 5]) == 2 and matched((), [1]) == 0
+
+
+def test_bound_on_a_copied_span():
+    """The output copies the prompt after one new token: one plain step (nothing repeats yet),
+    then one step verifying the rest, so 8 decoded tokens in 2 forward passes when width is
+    free; when it is dear, plain steps only."""
+    prompt, output = [1, 2, 3, 4, 5, 6, 7, 8], [9, 1, 2, 3, 4, 5, 6, 7, 8]
+    free = clairvoyant_bound(prompt, output, FREE)
+    assert (free.speedup, free.steps, free.tokens) == (4.0, 3, 9)  # 3 passes: the prefill and two steps
+    capped = clairvoyant_bound(prompt, output, FREE, cap=3)  # 1 + 4 + 3: three steps
+    assert capped.speedup == pytest.approx(8 / 3)
+    assert clairvoyant_bound(prompt, output, STEEP).speedup == 1.0
+    assert clairvoyant_bound(prompt, [], FREE).speedup == 1.0
+    with pytest.raises(ValueError, match="cap"):
+        clairvoyant_bound(prompt, output, FREE, cap=-1)
+
+
+def test_loop_candidates_count_where_the_text_has_none():
+    """No suffix of the text repeats, so only a candidate the loop had (its window's n-grams,
+    say) lets the bound step wide: extra candidates are keyed by output position."""
+    prompt, output = [1, 2, 3], [10, 11, 12, 13, 14]
+    assert clairvoyant_bound(prompt, output, FREE).speedup == 1.0
+    bound = clairvoyant_bound(prompt, output, FREE, extra={1: [(11, 12, 13)]})
+    assert (bound.speedup, bound.steps) == (4.0, 2)  # 11 12 13 14 in one step...
+    wrong_place = clairvoyant_bound(prompt, output, FREE, extra={2: [(11, 12, 13)]})
+    assert wrong_place.speedup == 1.0  # ... but only where the loop had it
+
+
+def test_the_shortest_path_beats_every_policy():
+    """On small texts over two tokens, every way of cutting the decode into steps that the
+    candidates allow costs at least the bound's (brute force over all step sequences)."""
+    curve = CostCurve(((1, 1.0), (2, 1.3), (4, 2.0), (8, 3.5)))
+    for bits in itertools.product([0, 1], repeat=9):
+        prompt, output = [0, 1, 1, 0], list(bits)
+        text, bound = prompt + output, clairvoyant_bound(prompt, output, curve, cap=3)
+        longest = [0] + [
+            min(
+                3,
+                len(output) - 1 - i,
+                max((matched(c, output[i:]) for c in suffix_candidates(text[: 4 + i], 4, 3)), default=0),
+            )
+            for i in range(1, len(output))
+        ]
+
+        assert bound.speedup == pytest.approx((len(output) - 1) / _cheapest(1, longest, curve))
+
+
+def _cheapest(i: int, longest: list[int], curve: CostCurve) -> float:
+    """The cheapest way to decode from position i on, trying every step length allowed."""
+    if i >= len(longest):
+        return 0.0
+    return min(curve(1 + a) + _cheapest(i + 1 + a, longest, curve) for a in range(longest[i] + 1))
+
+
+@pytest.mark.parametrize("settings", [dict(window_size=3, ngram_size=4, max_candidates=3), dict()])
+def test_no_run_takes_fewer_steps_than_the_bound_on_its_own_candidates(settings):
+    """With free width the bound is the fewest forward passes; the loop's own run is one of the
+    paths it considers (its candidates at hand are recorded by output position), so no run can
+    take fewer. Fails if the recorded positions are off by one."""
+    model = tiny_model("llama")
+    for seed in range(3):
+        prompt = repetitive_prompt(24, seed)
+        lookahead = Lookahead(**settings, record_candidates=True)
+        out = model.generate(prompt, max_new_tokens=40, do_sample=False, custom_generate=lookahead)
+        stats, trace = lookahead.last_stats, lookahead.last_candidates[0]
+        assert trace and all(0 < position < 40 for position in trace)
+        output = out[0, prompt.shape[1] :].tolist()
+        bound = clairvoyant_bound(prompt[0].tolist(), output, FREE, cap=stats.config.ngram_size - 1, extra=trace)
+        assert bound.steps <= stats.steps
+        assert stats.steps < len(output)  # the loop did step wide: the comparison says something
