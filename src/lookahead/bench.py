@@ -34,6 +34,7 @@ class Method:
     kwargs: Callable[[], dict]  # fresh generate kwargs for one call
     lookahead: Lookahead | None = None
     batches: bool = True  # runs on a batch of several prompts (transformers' prompt lookup does not)
+    longest: int | None = None  # the longest candidate it verifies, where no Lookahead says (prompt lookup)
 
 
 @dataclass
@@ -65,6 +66,7 @@ def methods_for(window_size=None, ngram_size=None, max_candidates=None, prompt_l
             f"prompt_lookup({prompt_lookup_tokens})",
             lambda: {"prompt_lookup_num_tokens": prompt_lookup_tokens},
             batches=False,
+            longest=prompt_lookup_tokens,
         ),
         Method("lookahead(auto)", lambda: {"custom_generate": auto}, auto),
     ]
@@ -188,12 +190,10 @@ def run_bench(
 def _bounds(prompt: list[int], output: list[int], curve, method: Method) -> dict:
     """The clairvoyant bound on one run's text: with candidates up to BOUND_CAP tokens, and up to
     the method's own longest (lookahead: N - 1, counting the candidates its loop had at hand)."""
-    extra, own = None, None
+    extra, own = None, method.longest
     if method.lookahead is not None:
         extra = method.lookahead.last_candidates[0] if method.lookahead.last_candidates else None
         own = method.lookahead.last_stats.config.ngram_size - 1
-    elif method.name.startswith("prompt_lookup("):
-        own = int(method.name[len("prompt_lookup(") : -1])
     bound = clairvoyant_bound(prompt, output, curve, cap=BOUND_CAP, extra=extra).speedup
     capped = clairvoyant_bound(prompt, output, curve, cap=own, extra=extra).speedup if own is not None else None
     return {"bound": bound, "bound_own_cap": capped, "own_cap": own}

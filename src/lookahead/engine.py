@@ -124,7 +124,7 @@ class Engine:
         layout, step_ids = plan_step(active, cfg, choice, self.spec, limits, found)
         for b, seq in enumerate(active):
             if seq.trace is not None:
-                seq.trace[seq.generated] = list(found[b] if found is not None else seq.candidates)
+                seq.trace[seq.new_tokens] = list(found[b] if found is not None else seq.candidates)
 
         # 2. one forward pass, and the model's greedy choices at the kept slots: on an accelerator
         # all of them, read at once (the step's one host-device synchronisation); on a CPU only

@@ -67,11 +67,6 @@ class SeqState:
         self._ids = self.prompt_ids
 
     @property
-    def generated(self) -> int:
-        """Tokens emitted so far."""
-        return len(self.committed) - self._prompt_tokens
-
-    @property
     def length(self) -> int:
         """len(ids): the caller's prompt (padding kept) and every emitted token."""
         return self.start_length + len(self.committed) - self._prompt_tokens
