@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from . import datasets
-from .bound import clairvoyant_bound
+from .bound import clairvoyant_bounds
 from .decoding import Lookahead, model_cost_curve
 
 BOUND_CAP = 7  # the longest candidate the clairvoyant policy verifies (lookahead.bound)
@@ -194,9 +194,9 @@ def _bounds(prompt: list[int], output: list[int], curve, method: Method) -> dict
     if method.lookahead is not None:
         extra = method.lookahead.last_candidates[0] if method.lookahead.last_candidates else None
         own = method.lookahead.last_stats.config.ngram_size - 1
-    bound = clairvoyant_bound(prompt, output, curve, cap=BOUND_CAP, extra=extra).speedup
-    capped = clairvoyant_bound(prompt, output, curve, cap=own, extra=extra).speedup if own is not None else None
-    return {"bound": bound, "bound_own_cap": capped, "own_cap": own}
+    bounds = clairvoyant_bounds(prompt, output, curve, caps=(BOUND_CAP, own or 0), extra=extra)
+    capped = bounds[own].speedup if own is not None else None
+    return {"bound": bounds[BOUND_CAP].speedup, "bound_own_cap": capped, "own_cap": own}
 
 
 def speedup(run: Run, greedy: Run) -> float:

@@ -10,7 +10,8 @@ the whole text is a shortest path over positions,
     cost(i) = min over L <= best_i of  T(1 + L) / T(1) + cost(i + 1 + L),   cost(end) = 0,
 
 where best_i is the longest match (capped at ``cap`` tokens) among the candidates at position i,
-and the bound is the speedup over plain decoding: tokens / cost(0). No policy using the same
+and the bound is the speedup over plain decoding: (tokens - 1) / cost(1) (the first token comes
+from the prefill, in both). No policy using the same
 candidates and paying the same costs can beat it, so a measured speedup divided by the bound says
 how much of what the candidates allow a policy reaches.
 
@@ -72,21 +73,39 @@ def clairvoyant_bound(
     """The clairvoyant speedup on ``output`` (the tokens generated after ``prompt``), paying
     ``curve``; ``extra[i]``: more candidates at output position i (the loop's). See the module
     docstring."""
-    if cap < 0:
-        raise ValueError(f"cap must be >= 0, got {cap}")
+    return clairvoyant_bounds(prompt, output, curve, caps=(cap,), max_suffix=max_suffix, extra=extra)[cap]
+
+
+def clairvoyant_bounds(
+    prompt: Sequence[int],
+    output: Sequence[int],
+    curve: CostCurve,
+    *,
+    caps: Sequence[int] = (7,),
+    max_suffix: int = 4,
+    extra: Mapping[int, Sequence[Sequence[int]]] | None = None,
+) -> dict[int, Bound]:
+    """:func:`clairvoyant_bound` for each cap in ``caps``, matching the candidates once (a match
+    within a shorter cap is the longer cap's, cut)."""
+    if any(cap < 0 for cap in caps):
+        raise ValueError(f"cap must be >= 0, got {min(caps)}")
     curve = CostCurve.from_points(curve)
-    n = len(output)
+    n, widest = len(output), max(caps)
+    text = [*prompt, *output]
+    longest = [0] * n  # the longest match at each position within the widest cap; none at 0, the prefill's
+    for i in range(1, n):
+        candidates = suffix_candidates(text[: len(prompt) + i], max_suffix, widest)
+        candidates += list((extra or {}).get(i, ()))
+        longest[i] = max((matched(c, output[i:]) for c in candidates), default=0)
+    return {cap: _shortest_path([min(m, cap, n - 1 - i) for i, m in enumerate(longest)], curve, cap) for cap in caps}
+
+
+def _shortest_path(best: list[int], curve: CostCurve, cap: int) -> Bound:
+    """The cheapest way through the decode from position 1, stepping at most ``best[i]`` tokens
+    past the model's own at position i."""
+    n = len(best)
     if n == 0:
         return Bound(1.0, 0, 0, cap)
-    text = [*prompt, *output]
-    best = []  # longest match at each position, within the cap and the text's end
-    for i in range(n):
-        # the first output token comes from the prefill, as in plain decoding: steps start at 1
-        target = output[i:]
-        candidates = suffix_candidates(text[: len(prompt) + i], max_suffix, cap) if i else []
-        candidates += list((extra or {}).get(i, ())) if i else []
-        longest = max((matched(c, target) for c in candidates), default=0)
-        best.append(min(longest, cap, n - 1 - i))
     unit = curve(1)
     cost = [0.0] * (n + 1)
     steps = [0] * (n + 1)
@@ -94,7 +113,6 @@ def clairvoyant_bound(
         options = [(curve(1 + length) / unit + cost[i + 1 + length], length) for length in range(best[i] + 1)]
         cost[i], length = min(options)
         steps[i] = 1 + steps[i + 1 + length]
-    # the prefill's token costs what plain decoding's does (nothing here): tokens per unit of cost
-    decode = n - 1
+    decode = n - 1  # the prefill's token costs what plain decoding's does: tokens per unit of cost
     speedup = decode / cost[1] if decode else 1.0
     return Bound(speedup, n, steps[1] + 1, cap)

@@ -39,6 +39,7 @@ does.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import logging
@@ -233,7 +234,7 @@ class WidthChooser:
     _observed: bool = False  # whether this step recorded an observation
     _matches: list = field(default_factory=lambda: [None])
     _sizes: dict | None = None  # this step's input tokens per option, when the caller knows them
-    _at_hand: list | None = None  # in a batch: candidates each row has at hand this step, when known
+    _at_hand: list | None = None  # in a batch: candidates each sequence has at hand this step, when known
     # learn_costs: price batched steps by the seconds their own forward passes took (a running
     # mean per total of new tokens, over every batch size), where the single-sequence curve's
     # T(B * k) / T(B) misjudges a batch; timing-dependent, so for servers, whose outputs do not
@@ -269,10 +270,8 @@ class WidthChooser:
             return lo_s * self.curve(tokens) / self.curve(lo)
         if tokens >= hi:
             return hi_s * self.curve(tokens) / self.curve(hi)
-        for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
-            if tokens <= x1:
-                return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
-        raise AssertionError("unreachable")
+        (x0, y0), (x1, y1) = points[bisect.bisect_left(points, (tokens,)) - 1 :][:2]  # x0 < tokens <= x1
+        return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
 
     def observe_cost(self, batch: int, k: int, seconds: float) -> None:
         """Record the seconds a forward pass over ``batch`` sequences of ``k`` tokens took."""
@@ -363,8 +362,8 @@ class WidthChooser:
         have = self.available(g, n)
         if not have:
             return 1.0 / self.ratio(self.size(g, n))
-        # rows share few (candidates, match length) pairs: each pair's expectation once, weighted;
-        # a row of a batch with no candidate at hand emits one token, whatever the others verify
+        # sequences share few (candidates, match length) pairs: each pair's expectation once,
+        # weighted; a sequence with no candidate at hand emits one token, whatever the others verify
         if self._at_hand is not None and len(self._at_hand) == len(matches):
             counts = Counter((min(have, h), m) for h, m in zip(self._at_hand, matches, strict=True))
         else:
@@ -380,8 +379,8 @@ class WidthChooser:
     ) -> tuple[int, int]:
         """The setting for the next step; ``matches[b]``: row b's longest earlier-seen suffix;
         ``sizes``: each option's input tokens per row this step, when known (see :meth:`size`);
-        ``at_hand[b]``: in a batch, how many candidates row b has at hand (rows with none emit
-        one token: counting them as verifying would overrate wide steps)."""
+        ``at_hand[b]``: in a batch, how many candidates sequence b has at hand (sequences with none
+        emit one token: counting them as verifying would overrate wide steps)."""
         self._since_probe += 1
         self._matches = list(matches)
         self._sizes = sizes
