@@ -35,6 +35,10 @@ class LookaheadConfig:
     * ``adaptive``: choose, step by step, how many candidates of how many tokens to verify (or a
       plain one-token step) from the model's measured cost curve and the acceptance seen so far
       (see ``lookahead.tuning``); W, N and G are then upper bounds. Output is unchanged.
+    * ``count_drafting``: with ``adaptive``, no window and one sequence, draft each step's token
+      tree node by node from how often each continuation followed the context before, as long
+      as the expected tokens pay for the slots (see ``lookahead.drafting``); otherwise the
+      per-step setting above is chosen for the whole step.
     """
 
     window_size: int
@@ -45,6 +49,7 @@ class LookaheadConfig:
     context_lookup: bool = True
     token_tree: bool = True
     adaptive: bool = False
+    count_drafting: bool = True
 
     def __post_init__(self) -> None:
         for name, value, low in (
@@ -131,6 +136,7 @@ class LookaheadStats:
             "wide_steps": self.wide_steps,
             "settings": dict(self.settings),
             "adaptive": self.config.adaptive,
+            "count_drafting": self.config.count_drafting,
             "prefill_seconds": self.prefill_seconds,
             "decode_seconds": self.decode_seconds,
             "tokens_per_second": self.tokens_per_second,

@@ -25,6 +25,7 @@ from transformers import StoppingCriteriaList, StopStringCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerateEncoderDecoderOutput
 
 from .config import LookaheadConfig, LookaheadStats
+from .drafting import TreeDrafter
 from .engine import Engine
 from .layout import build_layout
 from .lookup import ContextIndex
@@ -66,6 +67,7 @@ class Lookahead:
         pool_from_output: bool = True,
         context_lookup: bool = True,
         token_tree: bool = True,
+        count_drafting: bool = True,
         adaptive: bool | None = None,
         cost_curve: CostCurve | Sequence[tuple[int, float]] | None = None,
         record_candidates: bool = False,
@@ -78,6 +80,7 @@ class Lookahead:
             "pool_from_output": pool_from_output,
             "context_lookup": context_lookup,
             "token_tree": token_tree,
+            "count_drafting": count_drafting,
             # auto settings adapt; explicit W/N/G run exactly as asked unless adaptive=True
             "adaptive": adaptive if adaptive is not None else (window_size, ngram_size, max_candidates) == (None,) * 3,
         }
@@ -165,7 +168,10 @@ class Lookahead:
             seq.trace = {} if self.record_candidates else None
             seq.do_sample = bool(generation_config.do_sample)
         chooser = make_chooser(model, cfg, spec, batch, self.cost_curve)
-        engine = Engine(model, cfg, spec, chooser, emitter, stats, model_kwargs, keep_cache=want and batch == 1)
+        drafter = make_drafter(cfg, spec, batch, chooser.curve)
+        engine = Engine(
+            model, cfg, spec, chooser, emitter, stats, model_kwargs, keep_cache=want and batch == 1, drafter=drafter
+        )
 
         # the prefill gives each sequence its first token, then one engine step per forward pass
         engine.admit(seqs, prompts)
@@ -176,8 +182,9 @@ class Lookahead:
         sequences = assemble(seqs, input_ids.shape[1], emitter.stop_ends_seq, generation_config._pad_token_tensor)
         # sequences padded after their stop did not generate the padding; those that ran on are cut to T
         stats.new_tokens = sum(min(seq.length, sequences.shape[1]) - input_ids.shape[1] for seq in seqs)
-        stats.wide_steps = engine.chooser.wide_steps
-        stats.settings = engine.chooser.summary()
+        planner = drafter or engine.chooser
+        stats.wide_steps = planner.wide_steps
+        stats.settings = planner.summary()
         stats.decode_seconds = time.perf_counter() - start
         self.last_candidates = [seq.trace for seq in seqs] if self.record_candidates else None
         if streamer is not None:
@@ -263,6 +270,16 @@ def make_chooser(
     )
 
 
+def make_drafter(cfg: LookaheadConfig, spec: MaskSpec, batch: int, curve: CostCurve | None) -> TreeDrafter | None:
+    """The count-based drafter (``lookahead.drafting``) where it applies: adaptive settings with
+    ``count_drafting``, one sequence, token trees, no window, a model taking position_ids; else None."""
+    if not (cfg.adaptive and cfg.count_drafting and cfg.token_tree) or curve is None:
+        return None
+    if batch != 1 or cfg.window_size or cfg.max_candidates == 0 or spec.linear:
+        return None
+    return TreeDrafter(curve, max_nodes=cfg.max_candidates * (cfg.ngram_size - 1), max_leaves=cfg.max_candidates)
+
+
 def model_cost_curve(model, spec: MaskSpec | None = None) -> CostCurve:
     """The model's cost curve on its device, dtype and thread count, the one ``Lookahead()``
     prices its steps with: measured once, then read from disk (``lookahead.tuning.cost_curve``)."""
@@ -293,4 +310,4 @@ def _calibration_step(model, spec: MaskSpec):
     return step
 
 
-__all__ = ["Lookahead", "make_chooser", "new_sequence"]
+__all__ = ["Lookahead", "make_chooser", "make_drafter", "new_sequence"]

@@ -4,7 +4,8 @@
 a server admits requests as they arrive, at step boundaries, and steps while any is active.
 Each step (:meth:`Engine.step`) is one forward pass over every active sequence:
 
-1. plan: choose how wide to step (``lookahead.tuning``) and pick each sequence's candidates;
+1. plan: a lone sequence drafts a token tree from counts (``lookahead.drafting``); a batch
+   chooses how wide to step (``lookahead.tuning``); then each sequence's candidates;
 2. run t, the window and the candidates through the model (``lookahead.runner``);
 3. verify each sequence: greedy, seeded sampling (position-keyed noise), or transformers'
    sampling (the multi-draft rule); accepted tokens plus the bonus token;
@@ -24,9 +25,21 @@ from collections.abc import Callable, Sequence
 
 from .choices import StepChoices, fetch_matched
 from .config import LookaheadConfig, LookaheadStats
+from .drafting import TreeDrafter
 from .layout import StepLayout
 from .runner import DecoderRunner, Seq2SeqRunner
-from .sequences import Emitter, SeqState, align, at_hand, plan_step, pooled, step_sizes, use_tree
+from .sequences import (
+    Emitter,
+    SeqState,
+    align,
+    at_hand,
+    draft_sources,
+    plan_step,
+    plan_tree,
+    pooled,
+    step_sizes,
+    use_tree,
+)
 from .step import Scorer
 from .support import MaskSpec
 from .tuning import WidthChooser, match_lengths
@@ -54,9 +67,12 @@ class Engine:
         model_kwargs: dict | None = None,
         on_finish: Callable[[SeqState], None] | None = None,
         keep_cache: bool = False,
+        drafter: TreeDrafter | None = None,
     ) -> None:
         self.model, self.cfg, self.spec = model, cfg, spec
         self.chooser, self.emitter, self.stats = chooser, emitter, stats
+        self.drafter = drafter  # drafts the steps of a lone sequence (None: the chooser plans every step)
+        self._found: list | None = None  # this step's candidates at hand, as the chooser priced them
         self.on_finish = on_finish
         if spec.encoder_decoder:
             self.runner = Seq2SeqRunner(model, model_kwargs or {})
@@ -109,22 +125,24 @@ class Engine:
         self.active = active
         if not active:
             return
-        # 1. plan: as wide as pays (lookahead.tuning), then every sequence's candidates
-        chooser.batch = len(active)
-        matches = [seq.match_length() if chooser.enabled else None for seq in active]
+        # 1. plan: a count-based token tree for a lone sequence (lookahead.drafting), else as
+        # wide as pays (lookahead.tuning); then every sequence's candidates
         limits = [self._limit(seq) for seq in active]
-        sizes = have = found = None
-        if chooser.enabled:  # the candidates at hand, looked up once for pricing and planning
-            found = [pooled(seq, cfg, self.spec, limit) for seq, limit in zip(active, limits, strict=True)]
-        if chooser.enabled and use_tree(active, cfg):  # price each option by its token tree
-            sizes = step_sizes(active[0], cfg, self.spec, limits[0], chooser.options(), found[0])
-        elif chooser.enabled and len(active) > 1:  # sequences of a batch with nothing to verify gain nothing
-            have = [at_hand(s, cfg, self.spec, lim, f) for s, lim, f in zip(active, limits, found, strict=True)]
-        choice = chooser.choose(matches, sizes, have)
-        layout, step_ids = plan_step(active, cfg, choice, self.spec, limits, found)
-        for b, seq in enumerate(active):
+        draft = choice = matches = None
+        if self.drafter is not None and len(active) == 1:
+            (seq,) = active
+            cap, sources = draft_sources(seq, cfg, self.spec, limits[0])
+            draft = self.drafter.draft(sources, cap, seq.max_candidates)
+            seq.candidates = draft.candidates
+            layout, step_ids = plan_tree(seq, cfg)
             if seq.trace is not None:
-                seq.trace[seq.new_tokens] = list(found[b] if found is not None else seq.candidates)
+                seq.trace[seq.new_tokens] = [c for _, c in sources]
+        else:
+            choice, matches = self._choose(active, limits)
+            layout, step_ids = plan_step(active, cfg, choice, self.spec, limits, self._found)
+            for b, seq in enumerate(active):
+                if seq.trace is not None:
+                    seq.trace[seq.new_tokens] = list(self._found[b] if self._found is not None else seq.candidates)
 
         # 2. one forward pass, and the model's greedy choices at the kept slots: on an accelerator
         # all of them, read at once (the step's one host-device synchronisation); on a CPU only
@@ -150,7 +168,9 @@ class Engine:
             for b, seq in enumerate(active)
         ]
         verdicts = [self._verify(seq, scorer, layout) for seq, scorer in zip(active, scorers, strict=True)]
-        for seq, scorer, match in zip(active, scorers, matches, strict=True) if chooser.enabled else ():
+        if draft is not None:
+            self.drafter.record(draft, verdicts[0].emitted)
+        for seq, scorer, match in zip(active, scorers, matches, strict=True) if choice and chooser.enabled else ():
             lengths = match_lengths(seq.candidates, scorer.raw_choice(layout.t_slot), scorer.raw_candidate_choice)
             chooser.record(choice, max((len(c) for c in seq.candidates), default=0), lengths, match)
         if self.runner.aligned:
@@ -161,7 +181,8 @@ class Engine:
         for seq, verdict, scorer in zip(active, verdicts, scorers, strict=True):
             slots = [layout.t_slot, *(layout.candidate_slots[k][j] for k, j in verdict.path)]
             kept.append(self.emitter.emit(seq, verdict.emitted, slots, scorer))
-        chooser.after_step(choice)
+        if choice is not None:
+            chooser.after_step(choice)
 
         # 5. commit: cache, windows, pools, statistics; drop the sequences that have finished
         self.runner.commit(layout, [(v.candidate, k) for v, k in zip(verdicts, kept, strict=True)])
@@ -177,6 +198,22 @@ class Engine:
         stats.steps += 1
         stats.sequence_steps += len(active)
         self.active = self._drop_finished(active)
+
+    def _choose(self, active: list[SeqState], limits: list[int]) -> tuple[tuple[int, int], list[int | None]]:
+        """The chooser's setting for this step, and each sequence's suffix match length; the
+        candidates at hand, looked up once for pricing and planning, are left in ``_found``."""
+        cfg, chooser = self.cfg, self.chooser
+        chooser.batch = len(active)
+        matches = [seq.match_length() if chooser.enabled else None for seq in active]
+        sizes = have = found = None
+        if chooser.enabled:
+            found = [pooled(seq, cfg, self.spec, limit) for seq, limit in zip(active, limits, strict=True)]
+        if chooser.enabled and use_tree(active, cfg):  # price each option by its token tree
+            sizes = step_sizes(active[0], cfg, self.spec, limits[0], chooser.options(), found[0])
+        elif chooser.enabled and len(active) > 1:  # sequences of a batch with nothing to verify gain nothing
+            have = [at_hand(s, cfg, self.spec, lim, f) for s, lim, f in zip(active, limits, found, strict=True)]
+        self._found = found
+        return chooser.choose(matches, sizes, have), matches
 
     def _verify(self, seq: SeqState, scorer: Scorer, layout: StepLayout) -> Verdict:
         if seq.seed is not None:  # a draw per position, from noise keyed by (seed, position)

@@ -46,6 +46,30 @@ class ContextIndex:
                 return m
         return 0
 
+    def occurrences(self, tokens: Sequence[int], length: int) -> list[tuple[int, tuple[int, ...]]]:
+        """Every indexed earlier place where a suffix of the context ended, once each, at the
+        longest suffix that reaches it: (suffix length, the up to ``length`` tokens that followed),
+        longest suffix first, newest first (what :class:`lookahead.drafting.TreeDrafter` counts).
+
+            >>> index = ContextIndex(max_suffix=2)
+            >>> text = [5, 6, 7, 9, 6, 7, 8, 1, 6, 7]
+            >>> index.extend(text)
+            >>> index.occurrences(text, length=2)
+            [(2, (8, 1)), (2, (9, 6))]
+        """
+        found: list[tuple[int, tuple[int, ...]]] = []
+        seen: set[int] = set()
+        last = len(tokens) - 1
+        for m in range(min(self.max_suffix, len(tokens)), 0, -1):
+            for end in reversed(self._ends.get(tuple(tokens[len(tokens) - m :]), ())):
+                if end >= last or end in seen:
+                    continue
+                seen.add(end)
+                continuation = tuple(tokens[end + 1 : end + 1 + length])
+                if continuation:
+                    found.append((m, continuation))
+        return found
+
     def candidates(self, tokens: Sequence[int], length: int, limit: int) -> list[tuple[int, ...]]:
         """Up to ``limit`` distinct continuations of ``length`` tokens (or fewer, at the end of
         the text) after earlier occurrences of the context's suffix, longest suffix first."""

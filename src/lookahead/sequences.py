@@ -211,11 +211,7 @@ def plan_step(
             seq.candidates = []
     n_levels = _levels(seqs, cfg, spec, wide)
     if use_tree(seqs, cfg):
-        (seq,) = seqs
-        shape = tree_shape(seq.candidates)
-        layout = build_layout(1, cfg.window_size, n_levels, shape=shape)
-        window = seq.window.tokens(cfg.window_size, n_levels, seq.t)
-        return layout, [[seq.t, *window, *node_tokens(seq.candidates, shape)]]
+        return plan_tree(seqs[0], cfg, n_levels)
     n_candidates = max(len(seq.candidates) for seq in seqs)
     cand_len = max((len(c) for seq in seqs for c in seq.candidates), default=0)
     layout = build_layout(1, cfg.window_size, n_levels, n_candidates, cand_len)
@@ -227,6 +223,32 @@ def plan_step(
             ids += candidate + [seq.t] * (cand_len - len(candidate))  # filler: computed, never read
         step_ids.append(ids)
     return layout, step_ids
+
+
+def plan_tree(seq: SeqState, cfg: LookaheadConfig, n_levels: int = 0) -> tuple[StepLayout, list[list[int]]]:
+    """One sequence's step: t, the window's ``n_levels`` levels and ``seq.candidates`` merged into a
+    token tree (shared prefixes share their slots). Returns the layout and the input ids [1][L]."""
+    shape = tree_shape(seq.candidates)
+    layout = build_layout(1, cfg.window_size, n_levels, shape=shape)
+    window = seq.window.tokens(cfg.window_size, n_levels, seq.t)
+    return layout, [[seq.t, *window, *node_tokens(seq.candidates, shape)]]
+
+
+def draft_sources(seq: SeqState, cfg: LookaheadConfig, spec: MaskSpec, limit: int) -> tuple[int, list]:
+    """What :class:`lookahead.drafting.TreeDrafter` drafts from: the longest a candidate may be
+    (N - 1, fewer near the sequence's limit), and (level, continuation) pairs: every earlier
+    occurrence of the context's repeated suffix (level = the suffix's length), then the pooled
+    n-grams starting with t and the shared pool's continuations (level 0)."""
+    cap = max(0, _cap(seq, cfg.ngram_size, spec, limit))
+    if cap == 0:
+        return 0, []
+    sources = [(0, seq.carry)] if seq.carry else []
+    if seq.context is not None:
+        sources += seq.context.occurrences(seq.committed, cap)
+    sources += [(0, c) for c in seq.pool.candidates(seq.t, cfg.max_candidates)]
+    if seq.shared is not None:
+        sources += [(0, c) for c in seq.shared.candidates(seq.committed, cap, cfg.max_candidates)]
+    return cap, sources
 
 
 def align(verdicts: Sequence[Verdict], seqs: Sequence[SeqState]) -> list[Verdict]:

@@ -1,0 +1,132 @@
+"""A drafting policy's share of the clairvoyant bound, free of timing noise.
+
+Each policy runs in fp32 (so every policy emits plain greedy's text, whatever steps it takes),
+deciding with a given cost curve, and every forward pass is priced with that curve: modeled
+speedup = (new tokens - 1) / sum over steps of T(k)/T(1), the prefill left out as the bound leaves
+it out. The bound (``lookahead.bound``) is computed on the same text with the same curve, over the
+text's own suffix candidates plus those the policy had at hand (``record_candidates``). So a policy
+change is judged in minutes, on every cost curve of interest, with no clock involved:
+
+    .venv/bin/python benchmarks/policy_share.py --n 10 --max-new-tokens 128 --curves stored steep flat
+
+Curves: ``stored`` (this machine's measured bf16 curve, from ``$LOOKAHEAD_CACHE``), ``steep`` (a
+slow 2-core CPU in bf16: T(k)/T(1) = 2.25, 3.0, 4.8, 7.6 for k = 2, 4, 8, 16, measured 2026-12-02),
+``flat`` (a faster one: 1.23, 1.68, 1.68, 2.14, measured 2026-12-01) and ``gpu`` (nearly free width:
+1.02, 1.04, 1.08, 1.15). Policies: ``auto`` (``Lookahead()``) and any named in ``POLICIES``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+
+import transformers
+
+from lookahead import Lookahead, datasets, decoding, models, tuning
+from lookahead.bound import clairvoyant_bounds
+from lookahead.drafting import TreeDrafter
+from lookahead.runner import DecoderRunner
+
+CURVES = {  # T(k)/T(1) at k = 1, 2, 4, 8, 16, 32
+    "steep": ((1, 1.0), (2, 2.25), (4, 3.02), (8, 4.77), (16, 7.65), (32, 14.8)),
+    "flat": ((1, 1.0), (2, 1.23), (4, 1.68), (8, 1.68), (16, 2.14), (32, 4.0)),
+    "gpu": ((1, 1.0), (2, 1.02), (4, 1.04), (8, 1.08), (16, 1.15), (32, 1.3)),
+}
+POLICIES = {  # name -> Lookahead keyword arguments
+    "auto": {},
+    "chooser": {"count_drafting": False},  # one setting per step (lookahead.tuning), no count drafting
+    "auto, N<=8": {"window_size": 0, "ngram_size": 8, "max_candidates": 4, "adaptive": True},
+    "auto, N<=8, probes 5%": {
+        "window_size": 0,
+        "ngram_size": 8,
+        "max_candidates": 4,
+        "adaptive": True,
+        "_drafter": {"probe_overhead": 0.05},
+    },
+    "chooser, N<=8": {
+        "window_size": 0,
+        "ngram_size": 8,
+        "max_candidates": 4,
+        "adaptive": True,
+        "count_drafting": False,
+    },
+}
+
+
+def load_curve(name: str, model_name: str) -> tuning.CostCurve:
+    if name != "stored":
+        return tuning.CostCurve(CURVES[name])
+    stored = json.loads((models.cache_dir() / "cost-curves.json").read_text())
+    key = next(k for k in stored if "llama" in k and "bfloat16" in k and stored[k][0][1] > 0.02)
+    return tuning.CostCurve(tuple((int(k), float(s)) for k, s in stored[key]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=10)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--datasets", nargs="+", default=["humaneval", "mtbench"])
+    parser.add_argument("--curves", nargs="+", default=["stored", "steep", "flat"])
+    parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=list(POLICIES))
+    parser.add_argument("--json", help="write every run here")
+    args = parser.parse_args()
+    transformers.utils.logging.set_verbosity_error()
+    model, tokenizer = models.load(args.model, dtype="float32")
+    priced = [0.0]
+    curve_now: list[tuning.CostCurve] = []
+    step = DecoderRunner.step
+
+    def timed_step(self, layout, step_ids):  # price every forward pass with the curve in use
+        priced[0] += curve_now[0].ratio(layout.length, len(step_ids))
+        return step(self, layout, step_ids)
+
+    DecoderRunner.step = timed_step
+    rows = []
+    print("| curve | dataset | policy | modeled speedup (median) | bound, cap 7 (median) | share | bound, cap 3 | "
+          "share | tokens/step |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    for curve_name in args.curves:
+        curve = load_curve(curve_name, args.model)
+        curve_now[:] = [curve]
+        for name in args.datasets:
+            prompts = datasets.load(name, args.n)
+            runs = {p: [] for p in args.policies}
+            reference = None
+            for prompt in prompts:
+                inputs = datasets.encode(tokenizer, prompt)
+                for policy in args.policies:
+                    options = dict(POLICIES[policy])
+                    drafter_options = options.pop("_drafter", {})  # TreeDrafter settings to try
+                    decoding.TreeDrafter = functools.partial(TreeDrafter, **drafter_options)
+                    la = Lookahead(**options, cost_curve=curve, record_candidates=True)
+                    priced[0] = 0.0
+                    out = model.generate(**inputs, max_new_tokens=args.max_new_tokens, do_sample=False,
+                                         custom_generate=la)  # fmt: skip
+                    ids = inputs["input_ids"][0].tolist()
+                    output = out[0, len(ids) :].tolist()
+                    if reference is None or policy == args.policies[0]:
+                        reference = output
+                    assert output == reference, "policies must emit the same (greedy, fp32) text"
+                    stats = la.last_stats
+                    bounds = clairvoyant_bounds(ids, output, curve, caps=(7, 3), extra=la.last_candidates[0])
+                    speedup = (len(output) - 1) / priced[0] if priced[0] else 1.0
+                    runs[policy].append((speedup, bounds[7].speedup, bounds[3].speedup, stats.tokens_per_step))
+                    rows.append({"curve": curve_name, "dataset": name, "policy": policy, "prompt": prompt.id,
+                                 "speedup": speedup, "bound7": bounds[7].speedup, "bound3": bounds[3].speedup,
+                                 "tokens_per_step": stats.tokens_per_step, "settings": stats.settings})  # fmt: skip
+            for policy, results in runs.items():
+                speed = statistics.median(r[0] for r in results)
+                b7, b3 = statistics.median(r[1] for r in results), statistics.median(r[2] for r in results)
+                tps = statistics.mean(r[3] for r in results)
+                print(f"| {curve_name} | {name} | {policy} | {speed:.3f}x | {b7:.3f}x | {speed / b7:.0%} | {b3:.3f}x | "
+                      f"{speed / b3:.0%} | {tps:.2f} |", flush=True)  # fmt: skip
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

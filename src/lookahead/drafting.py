@@ -1,0 +1,261 @@
+"""Count-based drafting for one sequence: a token tree grown node by node while it pays.
+
+Where :class:`lookahead.tuning.WidthChooser` picks one setting (g candidates of n - 1 tokens) from
+the acceptance seen after contexts like this one, the drafter prices every *token*. Its sources
+are what followed each earlier occurrence of the context's longest repeated suffix (each earlier
+place counted once, at the longest suffix that reaches it) and the pooled n-grams starting with t.
+They are merged into a trie, and each node gets an estimate of the chance that the model agrees
+with it once it agrees with its parent:
+
+* its *evidence*: how many earlier occurrences continue through it (``support``), whether they all
+  do (``unanimous``: every occurrence through its parent continues with it), the length of the
+  suffix that found it (``level``: 1-3, or 0 for pool n-grams), and whether it is a first token;
+* a learned rate per evidence bucket: after every step, each drafted node whose parent the model
+  accepted is an observation (accepted or not), kept over the last ``memory`` observations; a
+  bucket's rate is drawn towards its coarser bucket's (level, first token), and that towards a
+  prior from the counts alone (SuffixDecoding's frequency estimate), each with the weight of
+  ``prior_weight`` observations.
+
+A node's path probability is the product of the rates along its path (siblings normalised so that
+they sum to at most 1: only one of them can match). Greedy verification accepts a path of the tree,
+so the tokens a step is expected to emit are 1 + the sum of its nodes' path probabilities. Nodes
+are added best first (a prefix of that order is always a tree), and the step runs the prefix of
+k nodes with the highest expected tokens per unit of cost, (1 + E_k) / (T(1 + k) / T(1)), or a
+plain step when none beats 1. So a long draft runs where the evidence is strong (a span that
+repeated several times, identically), a short one or none where it is weak, and the tree's shape
+follows the evidence: two continuations that split after a shared prefix both get verified when
+each is likely enough to pay for its slots.
+
+Example: the context ends in ``a b`` which occurred three times before, followed by ``c d e``,
+``c d e`` and ``c f``. The trie is c (support 3, unanimous) -> d (2 of 3) -> e (2, unanimous) and
+c -> f (1 of 3). With rates of 0.9 for c, 0.6 for d, 0.95 for e and 0.3 for f, the path
+probabilities are c 0.9, d 0.54, e 0.51, f 0.27; on a curve where a step over 4 tokens costs 1.7
+plain ones, c + d + e (1 + 1.95 tokens for 1.7) beats c alone (1.9 for, say, 1.2) and all four.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+from collections import Counter, deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .tuning import PLAIN, CostCurve
+
+Path = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Draft:
+    """One step's draft: the candidates (root-to-leaf paths of the tree; empty for a plain step),
+    each drafted node's evidence bucket, and the tree's children by parent (for :meth:`record`)."""
+
+    candidates: list[Path]
+    buckets: dict[Path, tuple]
+    children: dict[Path, list[Path]]
+    expected: float  # tokens the step is expected to emit
+    probe: bool = False  # drafted with optimistic rates (see TreeDrafter)
+
+
+@dataclass
+class _Node:
+    support: int = 0  # earlier occurrences of the context continuing through this node
+    level: int = 0  # longest suffix that found it (0: pool n-grams only)
+
+
+class TreeDrafter:
+    """Drafts a token tree per step for one sequence; see the module docstring.
+
+    ``curve``: the forward cost by new tokens; ``max_nodes`` / ``max_leaves``: the most draft
+    tokens and candidates per step (G x (N - 1) and G).
+    """
+
+    def __init__(
+        self,
+        curve: CostCurve,
+        max_nodes: int,
+        max_leaves: int,
+        prior_weight: float = 3.0,
+        memory: int = 512,
+        probe_every: int = 8,
+        max_interval: int = 64,
+        probe_overhead: float = 0.1,
+    ) -> None:
+        self.curve = curve
+        self.max_nodes, self.max_leaves = max_nodes, max_leaves
+        self.prior_weight = prior_weight
+        self.memory = memory
+        # probes: now and then the tree is drafted with optimistic rates (unobserved evidence looks
+        # perfect), so that evidence the estimates undervalue gets observed; at most every
+        # ``probe_every`` steps, spaced so that a losing probe adds at most ``probe_overhead`` of
+        # plain decoding's time, and half as often after each probe that accepted nothing
+        self.probe_every, self.max_interval, self.probe_overhead = probe_every, max_interval, probe_overhead
+        self._since_probe = 0
+        self._interval = probe_every
+        self._seen: deque = deque()  # (fine bucket, accepted) observations, oldest first
+        self._fine: dict[tuple, list[int]] = {}  # bucket -> [accepted, observed]
+        self._coarse: dict[tuple, list[int]] = {}  # (level, first token) -> [accepted, observed]
+        self.chosen: Counter = Counter()  # (leaves, longest + 1) or PLAIN -> steps
+
+    # -- estimates -------------------------------------------------------------------------------
+
+    def rate(self, bucket: tuple, prior: float, optimistic: bool = False) -> float:
+        """The chance that a node of ``bucket`` matches once its parent did: the bucket's observed
+        rate, drawn towards its coarse bucket's, drawn towards ``prior``. ``optimistic`` (probes):
+        drawn towards 1 instead, so that evidence never observed yet looks as good as it could be."""
+        w = self.prior_weight
+        acc, n = self._fine.get(bucket, (0, 0))
+        if optimistic:
+            return (acc + w) / (n + w)
+        coarse_acc, coarse_n = self._coarse.get(bucket[:2], (0, 0))
+        coarse = (coarse_acc + w * prior) / (coarse_n + w)
+        return (acc + w * coarse) / (n + w)
+
+    def _observe(self, bucket: tuple, accepted: bool) -> None:
+        self._seen.append((bucket, accepted))
+        self._tally(bucket, accepted, 1)
+        if len(self._seen) > self.memory:
+            self._tally(*self._seen.popleft(), -1)
+
+    def _tally(self, bucket: tuple, accepted: bool, sign: int) -> None:
+        for table, key in ((self._fine, bucket), (self._coarse, bucket[:2])):
+            entry = table.setdefault(key, [0, 0])
+            entry[0] += sign * accepted
+            entry[1] += sign
+
+    # -- one step --------------------------------------------------------------------------------
+
+    def draft(self, sources: Sequence[tuple[int, Path]], cap: int, max_leaves: int | None = None) -> Draft:
+        """The tree to verify this step. ``sources``: (level, continuation) pairs, level 1-3 for an
+        earlier occurrence found by a suffix of that length, 0 for a pooled n-gram; ``cap``: the
+        most tokens a candidate may have (N - 1, fewer near the sequence's end)."""
+        leaves_cap = self.max_leaves if max_leaves is None else min(max_leaves, self.max_leaves)
+        nodes, children, occurrences = _trie(sources, cap)
+        self._since_probe += 1
+        if not nodes or leaves_cap <= 0:
+            return self._plain()
+        draft = self._grow(nodes, children, occurrences, leaves_cap, optimistic=False)
+        if draft.candidates or self._since_probe < self._interval:
+            return self._count(draft)
+        probe = self._grow(nodes, children, occurrences, leaves_cap, optimistic=True)
+        if not probe.candidates:
+            return self._count(probe)
+        extra = self.curve(1 + len(probe.buckets)) / self.curve(1) - 1
+        if self._since_probe < math.ceil(extra / self.probe_overhead):
+            return self._count(draft)  # too dear to probe yet
+        self._since_probe = 0
+        return self._count(dataclasses.replace(probe, probe=True))
+
+    def _grow(self, nodes, children, occurrences: int, leaves_cap: int, optimistic: bool) -> Draft:
+        """The best tree over the trie, with estimated (or, for probes, optimistic) rates."""
+        # each node's conditional rate, siblings normalised to sum to at most 1
+        buckets: dict[Path, tuple] = {}
+        cond: dict[Path, float] = {}
+        for parent, kids in children.items():
+            above = occurrences if not parent else nodes[parent].support
+            rates = []
+            for child in kids:
+                node = nodes[child]
+                unanimous = node.support > 0 and node.support == above
+                bucket = (node.level, len(child) == 1, min(node.support, 3), unanimous)
+                buckets[child] = bucket
+                prior = 0.3 + 0.5 * node.support / above if node.support else 0.2
+                rates.append(self.rate(bucket, prior, optimistic))
+            scale = 1.0 / max(1.0, sum(rates))
+            for child, r in zip(kids, rates, strict=True):
+                cond[child] = r * scale
+        # best first: a node enters after its parent (its path probability is at most the parent's)
+        order: list[tuple[Path, float]] = []
+        chosen: set[Path] = set()
+        leaves = 0
+        heap = [(-cond[c], i, c) for i, c in enumerate(children.get((), []))]
+        heapq.heapify(heap)
+        tick = len(heap)
+        while heap and len(order) < self.max_nodes:
+            neg, _, path = heapq.heappop(heap)
+            opens_leaf = len(path) == 1 or any(c in chosen for c in children.get(path[:-1], ()))
+            if opens_leaf and leaves >= leaves_cap:
+                continue  # a new branch, and no candidate left for it
+            leaves += opens_leaf
+            chosen.add(path)
+            order.append((path, -neg))
+            for child in children.get(path, ()):
+                heapq.heappush(heap, (neg * cond[child], tick, child))
+                tick += 1
+        # the prefix of the order with the most expected tokens per unit of cost
+        best_k, best_rate, expected, total = 0, 1.0, 1.0, 1.0
+        unit = self.curve(1)
+        for k, (_, probability) in enumerate(order, start=1):
+            total += probability
+            rate = total * unit / self.curve(1 + k)
+            if rate > best_rate:
+                best_k, best_rate, expected = k, rate, total
+        kept = [path for path, _ in order[:best_k]]
+        tree_children: dict[Path, list[Path]] = {}
+        for path in kept:
+            tree_children.setdefault(path[:-1], []).append(path)
+        candidates = [p for p in kept if p not in tree_children]  # the leaves
+        return Draft(candidates, {p: buckets[p] for p in kept}, tree_children, expected)
+
+    def _count(self, draft: Draft) -> Draft:
+        shape = PLAIN if not draft.candidates else (len(draft.candidates), 1 + max(map(len, draft.candidates)))
+        self.chosen[shape] += 1
+        return draft
+
+    def _plain(self) -> Draft:
+        return self._count(Draft([], {}, {}, 1.0))
+
+    def record(self, draft: Draft, emitted: Sequence[int]) -> None:
+        """Learn from one step: ``emitted`` are the tokens verification produced (the accepted
+        ones, then the bonus token). Every drafted child of an accepted node (t, then each accepted
+        token) was tested: it matched if it equals the token the step emitted there."""
+        if draft.probe:  # back off while probes accept nothing
+            lost = not any((token,) in draft.buckets for token in emitted[:1])
+            self._interval = min(self.max_interval, 2 * self._interval) if lost else self.probe_every
+        parent: Path = ()
+        for token in emitted:
+            kids = draft.children.get(parent)
+            if not kids:
+                return
+            hit = None
+            for child in kids:
+                matched = child[-1] == token
+                self._observe(draft.buckets[child], matched)
+                if matched:
+                    hit = child
+            if hit is None:
+                return
+            parent = hit
+
+    @property
+    def wide_steps(self) -> int:
+        return sum(count for choice, count in self.chosen.items() if choice != PLAIN)
+
+    def summary(self) -> dict[str, int]:
+        """Steps per draft shape, as "G=leaves,N=longest+1" (or "plain") -> steps."""
+        return {("plain" if c == PLAIN else f"G={c[0]},N={c[1]}"): n for c, n in sorted(self.chosen.items())}
+
+
+def _trie(sources: Sequence[tuple[int, Path]], cap: int) -> tuple[dict[Path, _Node], dict[Path, list[Path]], int]:
+    """Merge the sources, cut to ``cap`` tokens, into a trie: nodes by path, children by parent
+    (in first-seen order), and how many earlier occurrences (level > 0) there are."""
+    nodes: dict[Path, _Node] = {}
+    children: dict[Path, list[Path]] = {}
+    occurrences = 0
+    for level, continuation in sources:
+        continuation = tuple(continuation[:cap])
+        if not continuation:
+            continue
+        occurrences += level > 0
+        for j in range(1, len(continuation) + 1):
+            path = continuation[:j]
+            node = nodes.get(path)
+            if node is None:
+                node = nodes[path] = _Node()
+                children.setdefault(path[:-1], []).append(path)
+            if level > 0:
+                node.support += 1
+                node.level = max(node.level, level)
+    return nodes, children, occurrences

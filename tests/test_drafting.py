@@ -1,0 +1,142 @@
+"""Count-based drafting (lookahead.drafting): the trie, the tree it drafts, what it learns, probes.
+
+Pure tests with hand-made cost curves and sources, then the invariant on tiny models: the drafted
+steps keep the output identical to model.generate.
+"""
+
+import pytest
+import torch
+from tiny_models import CONFIGS, repetitive_prompt, tiny_model
+
+from lookahead import Lookahead
+from lookahead.drafting import TreeDrafter, _trie
+from lookahead.lookup import ContextIndex
+from lookahead.tuning import PLAIN, CostCurve
+
+FLAT = CostCurve(((1, 1.0), (2, 1.05), (4, 1.1), (8, 1.2), (16, 1.4), (32, 2.0)))  # width nearly free
+STEEP = CostCurve(((1, 1.0), (2, 2.25), (4, 3.0), (8, 4.8), (16, 7.7)))  # a slow CPU in bf16
+
+# the module docstring's example: "a b" occurred three times, followed by c d e, c d e and c f
+EXAMPLE = [(2, (3, 4, 5)), (2, (3, 4, 5)), (2, (3, 6))]
+
+
+def test_trie_counts_each_occurrence_through_each_node():
+    nodes, children, occurrences = _trie([*EXAMPLE, (0, (7, 8))], cap=3)
+    assert occurrences == 3  # the pool's n-gram (level 0) is no occurrence
+    assert {p: (n.support, n.level) for p, n in nodes.items()} == {
+        (3,): (3, 2),
+        (3, 4): (2, 2),
+        (3, 4, 5): (2, 2),
+        (3, 6): (1, 2),
+        (7,): (0, 0),
+        (7, 8): (0, 0),
+    }
+    assert children[()] == [(3,), (7,)] and children[(3,)] == [(3, 4), (3, 6)]
+    nodes, _, _ = _trie(EXAMPLE, cap=1)  # cut to the cap
+    assert set(nodes) == {(3,)}
+
+
+def test_occurrences_count_each_earlier_place_once_at_its_longest_suffix():
+    index = ContextIndex(max_suffix=3)
+    text = [1, 2, 3, 9, 5, 2, 3, 7, 1, 2, 3]
+    index.extend(text)
+    # "1 2 3" ended at 2 (level 3), "2 3" also at 6 (level 2); "3" adds nothing new
+    assert index.occurrences(text, 2) == [(3, (9, 5)), (2, (7, 1))]
+
+
+def test_strong_evidence_on_cheap_width_drafts_the_whole_tree():
+    drafter = TreeDrafter(FLAT, max_nodes=12, max_leaves=4)
+    draft = drafter.draft(EXAMPLE, cap=3)
+    assert sorted(draft.candidates) == [(3, 4, 5), (3, 6)]
+    assert set(draft.buckets) == {(3,), (3, 4), (3, 4, 5), (3, 6)}
+    assert draft.children[()] == [(3,)] and sorted(draft.children[(3,)]) == [(3, 4), (3, 6)]
+    assert 2.0 < draft.expected < 4.0
+
+
+def test_dear_width_and_weak_evidence_step_plain():
+    drafter = TreeDrafter(STEEP, max_nodes=12, max_leaves=4)
+    draft = drafter.draft([(1, (3, 4)), (0, (5, 6))], cap=3)
+    assert draft.candidates == [] and drafter.chosen[PLAIN] == 1
+
+
+def test_caps_on_nodes_leaves_and_length_hold():
+    sources = [(1, (k, k + 1, k + 2, k + 3)) for k in range(10, 60, 10)]  # five distinct branches
+    drafter = TreeDrafter(FLAT, max_nodes=6, max_leaves=2)
+    draft = drafter.draft(sources, cap=3)
+    assert len(draft.candidates) <= 2 and len(draft.buckets) <= 6
+    assert all(len(c) <= 3 for c in draft.candidates)
+    assert len(drafter.draft(sources, cap=3, max_leaves=1).candidates) <= 1  # the sequence's own cap
+
+
+def test_rejections_teach_it_to_stop_drafting_that_evidence():
+    """A bucket whose nodes the model keeps rejecting loses its rate, until the draft no longer pays."""
+    curve = CostCurve(((1, 1.0), (2, 1.5), (4, 2.0), (8, 3.0)))
+    drafter = TreeDrafter(curve, max_nodes=3, max_leaves=1, probe_every=10**6)
+    sources = [(3, (3, 4, 5)), (3, (3, 4, 5))]  # a repeated span: unanimous, support 2
+    first = drafter.draft(sources, cap=3)
+    assert first.candidates == [(3, 4, 5)]
+    for _ in range(20):
+        draft = drafter.draft(sources, cap=3)
+        if not draft.candidates:
+            break
+        drafter.record(draft, [9])  # the model wanted 9: the first token is rejected
+    assert draft.candidates == []
+    assert drafter.rate((3, True, 2, True), 0.8) < 0.3
+
+
+def test_acceptances_are_recorded_along_the_accepted_path_only():
+    drafter = TreeDrafter(FLAT, max_nodes=12, max_leaves=4)
+    draft = drafter.draft(EXAMPLE, cap=3)
+    drafter.record(draft, [3, 6, 1])  # accepts 3, then 6 (not 4); 1 is the bonus token
+    seen = [(bucket[:2], ok) for bucket, ok in drafter._seen]
+    # c tested and accepted; its children d (rejected) and f (accepted) tested; nothing under f
+    assert sorted(seen) == [((2, False), False), ((2, False), True), ((2, True), True)]
+
+
+def test_probes_try_unobserved_evidence_and_back_off_while_they_lose():
+    drafter = TreeDrafter(STEEP, max_nodes=3, max_leaves=1, probe_every=4, max_interval=32, probe_overhead=1.0)
+    sources = [(1, (3, 4, 5))]
+    shapes = []
+    for _ in range(40):
+        draft = drafter.draft(sources, cap=3)
+        shapes.append(bool(draft.candidates))
+        if draft.candidates:
+            assert draft.probe  # on this curve only a probe drafts this weak evidence
+            drafter.record(draft, [9])  # and loses
+    probes = [i for i, wide in enumerate(shapes) if wide]
+    # the first after probe_every steps, the next twice as far after a loss; then the optimistic
+    # rate itself has learnt the losses (3 / 5 once seen twice), and no draft pays even for a probe
+    assert probes == [3, 11]
+
+
+@pytest.mark.parametrize("arch", list(CONFIGS))
+def test_drafted_steps_match_greedy(arch, count_forwards):
+    """Lookahead() on one sequence drafts with counts (adaptive, no window on a CPU): identical
+    to model.generate, with multi-token steps, on every architecture."""
+    model = tiny_model(arch)
+    steps = new = 0
+    for seed in range(3):
+        prompt = repetitive_prompt(24, seed)
+        expected = model.generate(prompt, max_new_tokens=40, do_sample=False)
+        lookahead = Lookahead(cost_curve=FLAT.points)
+        counter = count_forwards(model)
+        got = model.generate(prompt, max_new_tokens=40, do_sample=False, custom_generate=lookahead)
+        counter.close()
+        assert got.tolist() == expected.tolist(), f"{arch} prompt {seed}"
+        stats = lookahead.last_stats
+        assert stats.config.count_drafting and counter.count == stats.steps
+        assert sum(stats.settings.values()) == stats.steps - 1  # the drafter planned every step
+        steps, new = steps + stats.steps, new + stats.new_tokens
+    assert steps < new, f"no multi-token step happened for {arch}"
+
+
+def test_count_drafting_can_be_turned_off():
+    model = tiny_model("llama")
+    prompt = repetitive_prompt(24, 1)
+    expected = model.generate(prompt, max_new_tokens=30, do_sample=False)
+    for flag in (True, False):
+        lookahead = Lookahead(count_drafting=flag, cost_curve=FLAT.points)
+        with torch.no_grad():
+            got = model.generate(prompt, max_new_tokens=30, do_sample=False, custom_generate=lookahead)
+        assert got.tolist() == expected.tolist()
+        assert lookahead.last_stats.config.count_drafting is flag
