@@ -72,7 +72,6 @@ class Engine:
         self.model, self.cfg, self.spec = model, cfg, spec
         self.chooser, self.emitter, self.stats = chooser, emitter, stats
         self.drafter = drafter  # drafts the steps of a lone sequence (None: the chooser plans every step)
-        self._found: list | None = None  # this step's candidates at hand, as the chooser priced them
         self.on_finish = on_finish
         if spec.encoder_decoder:
             self.runner = Seq2SeqRunner(model, model_kwargs or {})
@@ -138,11 +137,11 @@ class Engine:
             if seq.trace is not None:
                 seq.trace[seq.new_tokens] = [c for _, c in sources]
         else:
-            choice, matches = self._choose(active, limits)
-            layout, step_ids = plan_step(active, cfg, choice, self.spec, limits, self._found)
+            choice, matches, found = self._choose(active, limits)
+            layout, step_ids = plan_step(active, cfg, choice, self.spec, limits, found)
             for b, seq in enumerate(active):
                 if seq.trace is not None:
-                    seq.trace[seq.new_tokens] = list(self._found[b] if self._found is not None else seq.candidates)
+                    seq.trace[seq.new_tokens] = list(found[b] if found is not None else seq.candidates)
 
         # 2. one forward pass, and the model's greedy choices at the kept slots: on an accelerator
         # all of them, read at once (the step's one host-device synchronisation); on a CPU only
@@ -199,9 +198,9 @@ class Engine:
         stats.sequence_steps += len(active)
         self.active = self._drop_finished(active)
 
-    def _choose(self, active: list[SeqState], limits: list[int]) -> tuple[tuple[int, int], list[int | None]]:
-        """The chooser's setting for this step, and each sequence's suffix match length; the
-        candidates at hand, looked up once for pricing and planning, are left in ``_found``."""
+    def _choose(self, active: list[SeqState], limits: list[int]) -> tuple[tuple[int, int], list, list | None]:
+        """The chooser's setting for this step, each sequence's suffix match length, and the
+        candidates at hand (looked up once for pricing and planning; None when not adaptive)."""
         cfg, chooser = self.cfg, self.chooser
         chooser.batch = len(active)
         matches = [seq.match_length() if chooser.enabled else None for seq in active]
@@ -212,8 +211,7 @@ class Engine:
             sizes = step_sizes(active[0], cfg, self.spec, limits[0], chooser.options(), found[0])
         elif chooser.enabled and len(active) > 1:  # sequences of a batch with nothing to verify gain nothing
             have = [at_hand(s, cfg, self.spec, lim, f) for s, lim, f in zip(active, limits, found, strict=True)]
-        self._found = found
-        return chooser.choose(matches, sizes, have), matches
+        return chooser.choose(matches, sizes, have), matches, found
 
     def _verify(self, seq: SeqState, scorer: Scorer, layout: StepLayout) -> Verdict:
         if seq.seed is not None:  # a draw per position, from noise keyed by (seed, position)
