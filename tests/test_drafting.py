@@ -11,6 +11,7 @@ from tiny_models import CONFIGS, repetitive_prompt, tiny_model
 from lookahead import Lookahead
 from lookahead.drafting import TreeDrafter, _trie
 from lookahead.lookup import ContextIndex
+from lookahead.support import check_model
 from lookahead.tuning import PLAIN, CostCurve
 
 FLAT = CostCurve(((1, 1.0), (2, 1.05), (4, 1.1), (8, 1.2), (16, 1.4), (32, 2.0)))  # width nearly free
@@ -114,6 +115,7 @@ def test_drafted_steps_match_greedy(arch, count_forwards):
     """Lookahead() on one sequence drafts with counts (adaptive, no window on a CPU): identical
     to model.generate, with multi-token steps, on every architecture."""
     model = tiny_model(arch)
+    check_model(model)  # the one-time probe, outside the forward count
     steps = new = 0
     for seed in range(3):
         prompt = repetitive_prompt(24, seed)

@@ -242,9 +242,7 @@ def draft_sources(seq: SeqState, cfg: LookaheadConfig, spec: MaskSpec, limit: in
     cap = max(0, _cap(seq, cfg.ngram_size, spec, limit))
     if cap == 0:
         return 0, []
-    sources = [(0, seq.carry)] if seq.carry else []
-    if seq.context is not None:
-        sources += seq.context.occurrences(seq.committed, cap)
+    sources = seq.context.occurrences(seq.committed, cap) if seq.context is not None else []
     sources += [(0, c) for c in seq.pool.candidates(seq.t, cfg.max_candidates)]
     if seq.shared is not None:
         sources += [(0, c) for c in seq.shared.candidates(seq.committed, cap, cfg.max_candidates)]
