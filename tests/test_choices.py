@@ -35,6 +35,8 @@ def test_greedy_choices_equal_argmax(dtype, vocab):
     logits[2, 3] = 0.0  # all equal
     assert torch.equal(greedy_choices(logits), logits.argmax(dim=-1))
     assert torch.equal(greedy_choices(logits[0, 0]), logits[0, 0].argmax(dim=-1))
+    rows = torch.tensor([20, 0, 9, 8, 0])  # rows of the flattened [B * K, V], repeats included
+    assert torch.equal(greedy_choices(logits, rows), logits.reshape(-1, vocab)[rows].argmax(dim=-1))
     lazy, eager = StepChoices(logits, lazy=True), StepChoices(logits, lazy=False)
     lazy.fetch([(2, 1), (0, 4), (2, 1)])  # a batch of pairs, repeats included
     table = logits.argmax(dim=-1).tolist()
