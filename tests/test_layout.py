@@ -141,3 +141,29 @@ def test_every_tree_path_reads_as_its_candidate_alone(window, n_levels, candidat
             assert visible(layout, row) == {layout.t_slot, *rows[: j + 1]}
             assert layout.positions[row] == j + 1
             assert not visible(layout, row) & window_rows
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("sliding_window", [None, 6])
+def test_mask_from_the_layouts_cached_floats_equals_the_mask_from_bools(dtype, sliding_window):
+    """The runner hands ``MaskSpec.build`` the layout's additive float mask, made once per device
+    (``StepLayout.on_device``); it must give the very mask that the bool layout gives, holes and
+    pads included, for full and sliding-window layers."""
+    from lookahead.support import MaskSpec
+
+    layout = build_layout(1, 4, 3, 3, 3)
+    types = ("full_attention",) if sliding_window is None else ("full_attention", "sliding_attention")
+    spec = MaskSpec(layer_types=types, sliding_window=sliding_window, max_positions=None)
+    key_pos = torch.tensor([[-1, -1, 0, 1, 2, -1, 3], [0, 1, 2, 3, 4, 5, 6]])  # pads and a hole
+    positions = layout.positions[None] + torch.tensor([[4], [7]])
+    step_positions, step_floats, slots = layout.on_device(torch.device("cpu"), dtype)
+    assert torch.equal(step_positions, layout.positions) and torch.equal(slots, layout.logit_slots)
+    assert step_floats.dtype == dtype and torch.equal(step_floats == 0, layout.mask)
+    from_bools = spec.build(layout.mask, key_pos, positions, dtype)
+    from_floats = spec.build(step_floats, key_pos, positions, dtype)
+    for got, want in zip(*(m.values() if isinstance(m, dict) else [m] for m in (from_floats, from_bools)), strict=True):
+        assert got.shape == want.shape == (2, 1, layout.length, key_pos.shape[1] + layout.length)
+        assert torch.equal(got, want)
+    full = from_floats["full_attention"] if isinstance(from_floats, dict) else from_floats
+    assert torch.equal(full[:, 0, :, :7] == 0, (key_pos >= 0)[:, None, :].expand(2, layout.length, 7))
+    assert layout.on_device(torch.device("cpu"), dtype)[1] is step_floats  # made once

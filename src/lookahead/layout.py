@@ -46,7 +46,7 @@ Mask of the example above (``x`` = may attend, slots and columns in input order)
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import torch
@@ -67,6 +67,19 @@ class StepLayout:
     logit_index: dict[int, int]  # slot -> index into logit_slots
     candidate_position: dict[int, tuple[int, int]]  # candidate slot -> (first candidate k using it, token j)
     node_slots: tuple[int, ...]  # slots of the verification branch, by node id (see ``shape``)
+    # what the runner derives from this layout for a device and dtype, made once (see ``on_device``)
+    _derived: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def on_device(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(positions [L], the in-step mask as additive floats [L, L] (0 = attend, dtype min =
+        blocked), logit_slots [K]) on ``device``: made on the first step that uses this layout
+        there and kept with it, so that later steps copy nothing to the device for them."""
+        key = (device, dtype)
+        if key not in self._derived:
+            blocked = torch.full(self.mask.shape, torch.finfo(dtype).min, dtype=dtype)
+            step_mask = torch.where(self.mask, torch.zeros((), dtype=dtype), blocked)
+            self._derived[key] = tuple(t.to(device) for t in (self.positions, step_mask, self.logit_slots))
+        return self._derived[key]
 
 
 Shape = tuple[tuple[int, ...], ...]  # node id of token j of candidate k, ids numbered 0.. in input order
@@ -162,8 +175,8 @@ def build_layout(
 
     length = len(positions)
     mask = torch.zeros(length, length, dtype=torch.bool)
-    for slot, visible in enumerate(sees):
-        mask[slot, sorted(visible)] = True
+    rows = [slot for slot, visible in enumerate(sees) for _ in visible]
+    mask[rows, [column for visible in sees for column in visible]] = True  # one write for all slots
 
     if n_levels == 0:
         last_level: tuple[int, ...] = ()

@@ -74,21 +74,32 @@ def _src_slots(layout: StepLayout, picks: Sequence[tuple[int | None, int]], widt
 
 def _compact_step(layers, step_length: int, src: list[list[int]]) -> None:
     """Move each sequence's kept entries of the step region (the last ``step_length`` columns of
-    every layer) to its front: [B, m] slots."""
-    width = len(src[0])
-    if all(kept == list(range(width)) for kept in src):
+    every layer) to its front: [B, m] slots. Only entries not in place move: rows of D values,
+    copied by one ``index_select`` and one ``index_copy_`` per keys/values tensor (a 4D gather
+    costs several times more per call on a CPU), with row indices made once for all layers of
+    the same device and shape."""
+    moves = [(b, j, slot) for b, kept in enumerate(src) for j, slot in enumerate(kept) if slot != j]
+    if not moves:
         return  # already in place (t, then the first candidate or a linear chain)
-    slots: dict[torch.device, torch.Tensor] = {}  # [B, m], one copy per device the layers sit on
+    seqs, dst, slots = (torch.tensor(column) for column in zip(*moves, strict=True))  # [M] each
+    rows: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (device, shape) -> (from, to) rows
     for layer in layers:
-        past = layer.keys.shape[2] - step_length
-        device = layer.keys.device
-        if device not in slots:
-            slots[device] = _send(src, device)
-        index = slots[device] + past  # [B, m]
         for name in ("keys", "values"):
             states = getattr(layer, name)  # [B, H, C + L, D]
-            gathered = states.gather(2, index[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[3]))
-            states[:, :, past : past + width] = gathered
+            batch, heads, columns, dim = states.shape
+            past = columns - step_length
+            if not states.is_contiguous():  # not seen with DynamicCache's layers; kept exact anyway
+                index = torch.tensor(src, device=states.device) + past  # [B, m]
+                index = index[:, None, :, None].expand(-1, heads, -1, dim)
+                states[:, :, past : past + index.shape[2]] = states.gather(2, index)
+                continue
+            key = (states.device, tuple(states.shape))
+            if key not in rows:  # row of (b, h, column) in the [B * H * (C + L), D] view
+                base = (seqs[:, None] * heads + torch.arange(heads)[None]) * columns + past  # [M, H]
+                rows[key] = tuple(_send((base + at[:, None]).flatten(), states.device) for at in (slots, dst))
+            from_rows, to_rows = rows[key]
+            flat = states.view(-1, dim)
+            flat.index_copy_(0, to_rows, flat.index_select(0, from_rows))
 
 
 def _n_layers(model) -> int:
@@ -173,19 +184,19 @@ class DecoderRunner:
     def step(self, layout: StepLayout, step_ids: Sequence[Sequence[int]]) -> torch.Tensor:
         """One forward pass over every sequence's step -> the used slots' logits [B, K, V]."""
         device = self.model.device
-        positions = _send(layout.positions[None] + self.n_cached[:, None], device)  # [B, L]
+        step_positions, step_mask, slots = layout.on_device(device, self.model.dtype)  # [L], [L, L], [K]
+        positions = step_positions[None] + _send(self.n_cached[:, None], device)  # [B, L]
         # t alone with no hole to hide: let the model build its own mask, exactly as plain decoding
         # (the same attention kernel, hence the same rounding)
         if layout.length == 1 and not self.holes and not self.trimmed:
             mask = None
         elif self.spec.positions:
             key_pos = _send(self.key_pos, device)
-            mask = self.spec.build(_send(layout.mask, device), key_pos, positions, self.model.dtype, self.trim)
+            mask = self.spec.build(step_mask, key_pos, positions, self.model.dtype, self.trim)
         else:  # linear steps: a 2D mask hides the holes; the model derives positions and causality
             ones = self.key_pos.new_ones(len(step_ids), layout.length)
             mask = _send(torch.cat([(self.key_pos >= 0).long(), ones], dim=1), device)  # [B, C + L]
         extra = {"position_ids": positions} if self.spec.positions else {}
-        slots = _send(layout.logit_slots, device)
         out = self.model(
             input_ids=_send([list(s) for s in step_ids], device),
             **extra,
@@ -203,11 +214,11 @@ class DecoderRunner:
         _compact_step(self.cache.layers, layout.length, _src_slots(layout, picks, width))
         self.cache.crop(-(layout.length - width))
         counts = [k for _, k in picks]
-        kept = torch.tensor(counts)
-        offsets = torch.arange(width)
-        new_pos = torch.where(offsets[None] < kept[:, None], self.n_cached[:, None] + offsets[None], -1)
+        before = list(zip(self.n_cached.tolist(), counts, strict=True))
+        # the step's kept columns: positions of the kept entries, then holes (-1), per sequence
+        new_pos = torch.tensor([[n + j if j < k else -1 for j in range(width)] for n, k in before])
         self.key_pos = torch.cat([self.key_pos, new_pos], dim=1)
-        self.n_cached = self.n_cached + kept
+        self.n_cached = torch.tensor([n + k for n, k in before])
         self.holes = self.holes or any(k < width for k in counts)  # read on the host: no device sync
         self._trim_sliding()
 

@@ -55,19 +55,27 @@ class MaskSpec:
     ):
         """The ``attention_mask`` argument for one forward pass over a batch.
 
-        step_mask: [L, L] bool, within the step (shared by every sequence); key_pos: [B, C]
-        position of each cache column, -1 for a hole or pad; positions: [B, L] absolute positions
-        of the step's tokens; trim: leading columns that sliding-window layers no longer hold.
-        Returns a float mask [B, 1, L, C + L] (0 = attend, dtype min = blocked), or a dict of
-        them keyed by layer type (sliding layers' masks then have ``trim`` columns fewer).
+        step_mask: [L, L], within the step (shared by every sequence): bool, or already additive
+        floats of ``dtype`` (``StepLayout.on_device``); key_pos: [B, C] position of each cache
+        column, -1 for a hole or pad; positions: [B, L] absolute positions of the step's tokens;
+        trim: leading columns that sliding-window layers no longer hold. Returns a float mask
+        [B, 1, L, C + L] (0 = attend, dtype min = blocked), or a dict of them keyed by layer type
+        (sliding layers' masks then have ``trim`` columns fewer).
         """
         batch, length = positions.shape
         masks = {}
         for layer_type in self.layer_types:
             sliding = layer_type == "sliding_attention" and self.sliding_window is not None
             columns = key_pos[:, trim:] if sliding else key_pos
+            if not sliding and step_mask.dtype == dtype:  # three kernels: compare, select, one copy
+                zero, blocked = _fill_values(dtype, key_pos.device)
+                cached = torch.where(columns >= 0, zero, blocked)[:, None, None, :]  # [B, 1, 1, C]
+                within = step_mask[None, None].expand(batch, 1, length, length)
+                masks[layer_type] = torch.cat([cached.expand(batch, 1, length, columns.shape[1]), within], dim=3)
+                continue
+            within = step_mask if step_mask.dtype == torch.bool else step_mask == 0  # [L, L] bool
             cached = (columns >= 0)[:, None, :].expand(batch, length, columns.shape[1])
-            allowed = torch.cat([cached, step_mask[None].expand(batch, length, length)], dim=2)  # [B, L, C + L]
+            allowed = torch.cat([cached, within[None].expand(batch, length, length)], dim=2)  # [B, L, C + L]
             if sliding:
                 keys = torch.cat([columns, positions], dim=1)  # [B, C + L]
                 allowed = allowed & (keys[:, None, :] > positions[:, :, None] - self.sliding_window)
@@ -81,6 +89,20 @@ class MaskSpec:
         text = config.get_text_config(decoder=True)
         declared = getattr(text, "layer_types", None) or ["sliding_attention"] * text.num_hidden_layers
         return tuple(i for i, kind in enumerate(declared) if kind == "sliding_attention")
+
+
+_FILL_VALUES: dict[tuple[torch.dtype, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _fill_values(dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(0, dtype min) as 0-d tensors of ``dtype`` on ``device``, made once."""
+    key = (dtype, device)
+    if key not in _FILL_VALUES:
+        _FILL_VALUES[key] = (
+            torch.zeros((), dtype=dtype, device=device),
+            torch.full((), torch.finfo(dtype).min, dtype=dtype, device=device),
+        )
+    return _FILL_VALUES[key]
 
 
 def _to_float(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
