@@ -156,13 +156,14 @@ class Engine:
         # 3. verify each sequence
         scorers = [
             Scorer(
-                logits[b],
+                logits,
                 layout,
                 seq.processors,
-                seq.ids,
+                lambda seq=seq, length=seq.length: seq.ids[:, :length],  # the prefix before this step
                 seq.candidates,
                 (seq.index, seq.batch_size),
                 choices.sequence(b),
+                sequence=b,
             )
             for b, seq in enumerate(active)
         ]
@@ -186,9 +187,10 @@ class Engine:
         # 5. commit: cache, windows, pools, statistics; drop the sequences that have finished
         self.runner.commit(layout, [(v.candidate, k) for v, k in zip(verdicts, kept, strict=True)])
         stats = self.stats
-        for seq, ids, verdict, scorer, count in zip(active, step_ids, verdicts, scorers, kept, strict=True):
+        last_level = [layout.logit_index[s] for s in layout.last_level_slots]  # their kept slots
+        for b, (seq, ids, verdict, count) in enumerate(zip(active, step_ids, verdicts, kept, strict=True)):
             if layout.level_slots and seq.window.n_levels:
-                outputs = [scorer.raw_choice(s) for s in layout.last_level_slots][: seq.window.window_size]
+                outputs = choices.at(b, last_level[: seq.window.window_size])
                 seq.pool.add_all(seq.window.update(ids[0], outputs))
             self._pool_output(seq, count)
             seq.steps += 1

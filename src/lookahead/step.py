@@ -136,9 +136,11 @@ class Scorer:
     """The model's choices on one step's slots, raw (for the window) and processed (for output).
 
     ``logits`` holds only the kept slots ([K, V], in ``layout.logit_slots`` order; without a layout,
-    slot k is logits[k], as for the prefill's one slot). Logits processors see, for a candidate slot,
-    the prefix extended with that candidate's tokens up to and including the slot's own token, as
-    plain decoding would have shown them.
+    slot k is logits[k], as for the prefill's one slot); or, with ``sequence`` given, it is the
+    step's [B, K, V] and this sequence's rows are taken when first read. Logits processors see, for
+    a candidate slot, the prefix extended with that candidate's tokens up to and including the
+    slot's own token, as plain decoding would have shown them. ``input_ids`` [1, S] may be a
+    function that returns them: a greedy step without processors never builds them.
     """
 
     def __init__(
@@ -150,18 +152,31 @@ class Scorer:
         candidates: Sequence[Sequence[int]],
         batch: tuple[int, int] = (0, 1),
         choices=None,
+        sequence: int | None = None,
     ):
-        self.logits = logits  # [K, V]
+        self._logits, self._sequence = logits, sequence
         self.layout = layout
         self.processors = processors if processors is not None and len(processors) > 0 else None
-        self.input_ids = input_ids  # [1, S]
+        self._input_ids = input_ids
         # (sequence index, batch size): processors built for a batch (e.g. repetition_penalty's
         # per-sequence prompt length) see this sequence at its own index, in a batch of copies of it
         self.batch = batch
         self.candidates = candidates
         # the raw greedy choice at each kept slot, indexed by kept slot (``StepChoices.sequence``)
-        self._argmax = choices if choices is not None else StepChoices(logits[None]).sequence(0)
+        self._argmax = choices if choices is not None else StepChoices(self.logits[None]).sequence(0)
         self._processed: dict[int, torch.Tensor] = {}
+
+    @property
+    def logits(self) -> torch.Tensor:  # [K, V]
+        if self._sequence is not None:
+            self._logits, self._sequence = self._logits[self._sequence], None
+        return self._logits
+
+    @property
+    def input_ids(self) -> torch.Tensor:  # [1, S]
+        if callable(self._input_ids):
+            self._input_ids = self._input_ids()
+        return self._input_ids
 
     def _index(self, slot: int) -> int:
         return slot if self.layout is None else self.layout.logit_index[slot]
