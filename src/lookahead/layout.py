@@ -51,6 +51,8 @@ from functools import lru_cache
 
 import torch
 
+from .support import additive_mask
+
 
 @dataclass(frozen=True)
 class StepLayout:
@@ -76,8 +78,7 @@ class StepLayout:
         there and kept with it, so that later steps copy nothing to the device for them."""
         key = (device, dtype)
         if key not in self._derived:
-            blocked = torch.full(self.mask.shape, torch.finfo(dtype).min, dtype=dtype)
-            step_mask = torch.where(self.mask, torch.zeros((), dtype=dtype), blocked)
+            step_mask = additive_mask(self.mask, dtype)
             self._derived[key] = tuple(t.to(device) for t in (self.positions, step_mask, self.logit_slots))
         return self._derived[key]
 

@@ -73,15 +73,5 @@ class ContextIndex:
     def candidates(self, tokens: Sequence[int], length: int, limit: int) -> list[tuple[int, ...]]:
         """Up to ``limit`` distinct continuations of ``length`` tokens (or fewer, at the end of
         the text) after earlier occurrences of the context's suffix, longest suffix first."""
-        found: list[tuple[int, ...]] = []
-        last = len(tokens) - 1
-        for m in range(min(self.max_suffix, len(tokens)), 0, -1):
-            for end in reversed(self._ends.get(tuple(tokens[len(tokens) - m :]), ())):
-                if end >= last:
-                    continue  # the suffix itself
-                continuation = tuple(tokens[end + 1 : end + 1 + length])
-                if continuation and continuation not in found:
-                    found.append(continuation)
-                    if len(found) >= limit:
-                        return found
-        return found
+        distinct = dict.fromkeys(continuation for _, continuation in self.occurrences(tokens, length))
+        return list(distinct)[:limit]

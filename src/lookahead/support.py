@@ -63,23 +63,21 @@ class MaskSpec:
         (sliding layers' masks then have ``trim`` columns fewer).
         """
         batch, length = positions.shape
+        zero, blocked = _fill_values(dtype, key_pos.device)
+        if step_mask.dtype == torch.bool:
+            step_mask = additive_mask(step_mask, dtype)
+        within = step_mask[None, None].expand(batch, 1, length, length)
         masks = {}
         for layer_type in self.layer_types:
             sliding = layer_type == "sliding_attention" and self.sliding_window is not None
             columns = key_pos[:, trim:] if sliding else key_pos
-            if not sliding and step_mask.dtype == dtype:  # three kernels: compare, select, one copy
-                zero, blocked = _fill_values(dtype, key_pos.device)
-                cached = torch.where(columns >= 0, zero, blocked)[:, None, None, :]  # [B, 1, 1, C]
-                within = step_mask[None, None].expand(batch, 1, length, length)
-                masks[layer_type] = torch.cat([cached.expand(batch, 1, length, columns.shape[1]), within], dim=3)
-                continue
-            within = step_mask if step_mask.dtype == torch.bool else step_mask == 0  # [L, L] bool
-            cached = (columns >= 0)[:, None, :].expand(batch, length, columns.shape[1])
-            allowed = torch.cat([cached, within[None].expand(batch, length, length)], dim=2)  # [B, L, C + L]
-            if sliding:
+            cached = torch.where(columns >= 0, zero, blocked)[:, None, None, :]  # [B, 1, 1, C]
+            mask = torch.cat([cached.expand(batch, 1, length, columns.shape[1]), within], dim=3)  # [B, 1, L, C + L]
+            if sliding:  # keys at or before query - window are out of reach
                 keys = torch.cat([columns, positions], dim=1)  # [B, C + L]
-                allowed = allowed & (keys[:, None, :] > positions[:, :, None] - self.sliding_window)
-            masks[layer_type] = _to_float(allowed, dtype)
+                reach = keys[:, None, None, :] > positions[:, None, :, None] - self.sliding_window
+                mask = mask.masked_fill(~reach, blocked)
+            masks[layer_type] = mask
         return masks[self.layer_types[0]] if len(masks) == 1 else masks
 
     def sliding_layers(self, config) -> tuple[int, ...]:
@@ -105,9 +103,10 @@ def _fill_values(dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor
     return _FILL_VALUES[key]
 
 
-def _to_float(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    blocked = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype, device=allowed.device)
-    return torch.where(allowed, torch.zeros((), dtype=dtype, device=allowed.device), blocked)[:, None]
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A bool mask as the additive floats attention takes: 0 where allowed, dtype min elsewhere."""
+    zero, blocked = _fill_values(dtype, allowed.device)
+    return torch.where(allowed, zero, blocked)
 
 
 def mask_spec(config) -> MaskSpec:
