@@ -193,7 +193,7 @@ class Lookahead:
         if not want:
             return sequences
         # a batch's cache holds holes (see lookahead.runner) and finished sequences were dropped from it
-        cache = engine.runner.cache if batch == 1 else None
+        cache = engine.runner.hand_back() if batch == 1 else None
         outputs = dict(
             sequences=sequences,
             scores=emitter.scores if generation_config.output_scores else None,

@@ -48,6 +48,7 @@ from transformers import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
 from .layout import StepLayout
+from .slab import Slab
 from .support import MaskSpec
 
 
@@ -72,13 +73,18 @@ def _src_slots(layout: StepLayout, picks: Sequence[tuple[int | None, int]], widt
     return out
 
 
-def _compact_step(layers, step_length: int, src: list[list[int]]) -> None:
+def _moves(src: list[list[int]]) -> list[tuple[int, int, int]]:
+    """The entries of the step region that are not in place: (sequence, to slot, from slot)."""
+    return [(b, j, slot) for b, kept in enumerate(src) for j, slot in enumerate(kept) if slot != j]
+
+
+def _compact_step(layers, step_length: int, moves: list[tuple[int, int, int]]) -> None:
     """Move each sequence's kept entries of the step region (the last ``step_length`` columns of
-    every layer) to its front: [B, m] slots. Only entries not in place move: rows of D values,
-    copied by one ``index_select`` and one ``index_copy_`` per keys/values tensor (a 4D gather
-    costs several times more per call on a CPU), with row indices made once for all layers of
-    the same device and shape."""
-    moves = [(b, j, slot) for b, kept in enumerate(src) for j, slot in enumerate(kept) if slot != j]
+    every layer) to its front, for caches whose layers have tensors of their own (a
+    :class:`~lookahead.slab.Slab` moves every layer at once). Rows of D values are copied by one
+    ``index_select`` and one ``index_copy_`` per keys/values tensor (a 4D gather costs several
+    times more per call on a CPU), with row indices made once for all layers of the same device
+    and shape."""
     if not moves:
         return  # already in place (t, then the first candidate or a linear chain)
     seqs, dst, slots = (torch.tensor(column) for column in zip(*moves, strict=True))  # [M] each
@@ -89,9 +95,11 @@ def _compact_step(layers, step_length: int, src: list[list[int]]) -> None:
             batch, heads, columns, dim = states.shape
             past = columns - step_length
             if not states.is_contiguous():  # not seen with DynamicCache's layers; kept exact anyway
-                index = torch.tensor(src, device=states.device) + past  # [B, m]
+                src = torch.arange(step_length).repeat(batch, 1)  # [B, L]: every entry where it is
+                src[seqs, dst] = slots
+                index = _send(src, states.device) + past
                 index = index[:, None, :, None].expand(-1, heads, -1, dim)
-                states[:, :, past : past + index.shape[2]] = states.gather(2, index)
+                states[:, :, past:] = states.gather(2, index)
                 continue
             key = (states.device, tuple(states.shape))
             if key not in rows:  # row of (b, h, column) in the [B * H * (C + L), D] view
@@ -111,9 +119,10 @@ class DecoderRunner:
 
     aligned = False  # sequences may commit different numbers of tokens per step
 
-    def __init__(self, model, spec: MaskSpec, bound_sliding: bool = True) -> None:
+    def __init__(self, model, spec: MaskSpec, bound_sliding: bool = True, slab: bool = True) -> None:
         self.model, self.spec = model, spec
         self.cache = DynamicCache()
+        self.slab: Slab | None = None  # every layer's keys and values in one tensor, where they fit
         # the bookkeeping lives on the host, so that reading it never waits for the device; a step
         # sends what the mask and positions need
         self.key_pos: torch.Tensor | None = None  # [B, C] (host) position of each cache column, -1 = hole
@@ -125,6 +134,8 @@ class DecoderRunner:
         self.all_sliding = bool(self.sliding) and len(self.sliding) == _n_layers(model)
         self.trim = 0
         self.trimmed = False  # sliding layers have dropped columns: the model's own masks would not fit
+        # sliding layers that drop columns keep tensors of their own; so do a newcomers' prefill
+        self.use_slab = slab and not self.sliding
 
     def _logits_kwargs(self, slots: torch.Tensor | int) -> dict:
         return {"logits_to_keep": slots} if self.spec.keeps_logits else {}
@@ -152,6 +163,7 @@ class DecoderRunner:
         )
         self.key_pos, self.trim, self.trimmed = key_pos, 0, False
         self.n_cached = torch.tensor([len(p) for p in prompts])
+        self.slab = Slab.adopt(self.cache) if self.use_slab and Slab.fits(self.cache) else None
         self._trim_sliding()
         return out.logits[:, -1]
 
@@ -159,7 +171,7 @@ class DecoderRunner:
         """Prefill ``prompts`` on their own, then append them to the running batch -> their last
         logits [b, V]. The shorter of the two caches is left-padded with holes, so every sequence
         keeps its columns and positions (the mask hides the holes)."""
-        newcomers = DecoderRunner(self.model, self.spec, bound_sliding=False)
+        newcomers = DecoderRunner(self.model, self.spec, bound_sliding=False, slab=False)
         logits = newcomers.prefill(prompts)
         self._untrim()
         width = max(self.key_pos.shape[1], newcomers.key_pos.shape[1])
@@ -172,10 +184,13 @@ class DecoderRunner:
             shape[dim] = missing
             return torch.cat([states.new_full(shape, value), states], dim=dim)
 
-        for mine, theirs in zip(self.cache.layers, newcomers.cache.layers, strict=True):
-            for name in ("keys", "values"):  # [B, H, C, D]
-                merged = torch.cat([pad(getattr(mine, name), 2, 0), pad(getattr(theirs, name), 2, 0)], dim=0)
-                setattr(mine, name, merged)
+        if self.slab is not None:
+            self.slab.admit(newcomers.cache)
+        else:
+            for mine, theirs in zip(self.cache.layers, newcomers.cache.layers, strict=True):
+                for name in ("keys", "values"):  # [B, H, C, D]
+                    merged = torch.cat([pad(getattr(mine, name), 2, 0), pad(getattr(theirs, name), 2, 0)], dim=0)
+                    setattr(mine, name, merged)
         self.key_pos = torch.cat([pad(self.key_pos, 1, -1), pad(newcomers.key_pos, 1, -1)], dim=0)
         self.n_cached = torch.cat([self.n_cached, newcomers.n_cached])
         self.holes = bool((self.key_pos < 0).any())
@@ -211,7 +226,11 @@ class DecoderRunner:
         """Keep, per sequence, t and its first ``kept - 1`` accepted candidate tokens: picks[b] =
         (accepted candidate or None, tokens kept >= 1)."""
         width = max(kept for _, kept in picks)
-        _compact_step(self.cache.layers, layout.length, _src_slots(layout, picks, width))
+        moves = _moves(_src_slots(layout, picks, width))
+        if self.slab is not None:
+            self.slab.move(layout.length, moves)
+        else:
+            _compact_step(self.cache.layers, layout.length, moves)
         self.cache.crop(-(layout.length - width))
         counts = [k for _, k in picks]
         before = list(zip(self.n_cached.tolist(), counts, strict=True))
@@ -221,6 +240,14 @@ class DecoderRunner:
         self.n_cached = torch.tensor([n + k for n, k in before])
         self.holes = self.holes or any(k < width for k in counts)  # read on the host: no device sync
         self._trim_sliding()
+
+    def hand_back(self) -> DynamicCache:
+        """The cache, for the caller of ``generate``: plain DynamicLayers again (see
+        :meth:`lookahead.slab.Slab.detach`); the runner is done with it."""
+        if self.slab is not None:
+            self.slab.detach(self.cache)
+            self.slab = None
+        return self.cache
 
     def _trim_sliding(self) -> None:
         """Drop, from sliding-window layers, the leading columns that no sequence can see again
@@ -260,10 +287,15 @@ class DecoderRunner:
         """Keep only the sequences ``keep`` (indices into the current batch), then cut leading columns
         that are holes in every remaining sequence."""
         index = torch.tensor(list(keep))
-        self.cache.batch_select_indices(_send(index, self.model.device))
         self.key_pos, self.n_cached = self.key_pos[index], self.n_cached[index]
         valid = (self.key_pos >= 0).any(dim=0)
         lead = int(valid.long().argmax()) if bool(valid.any()) else 0
+        if self.slab is not None:  # one copy for every layer
+            self.slab.select(_send(index, self.model.device), lead)
+            self.key_pos = self.key_pos[:, lead:]
+            self.holes = bool((self.key_pos < 0).any())
+            return
+        self.cache.batch_select_indices(_send(index, self.model.device))
         if lead > 0:
             for i, layer in enumerate(self.cache.layers):
                 cut = max(0, lead - self.trim) if i in self.sliding else lead
@@ -311,6 +343,10 @@ class Seq2SeqRunner:
         """Every sequence keeps the same number of entries: t and the first accepted tokens. A sequence
         that kept fewer has just stopped inside the step and leaves the batch next (``select``)."""
         self.cache.crop(-(layout.length - max(k for _, k in picks)))
+
+    def hand_back(self) -> EncoderDecoderCache:
+        """The cache, for the caller of ``generate``."""
+        return self.cache
 
     def select(self, keep: Sequence[int]) -> None:
         index = torch.tensor(list(keep), device=self.encoder_hidden.device)

@@ -1,0 +1,195 @@
+"""One tensor for every layer's keys and values: a step's cache moves cost two kernels in all.
+
+A ``DynamicCache`` keeps each layer's keys and values as tensors of their own, grown by
+``torch.cat`` (a copy of the whole layer) every forward pass. Lookahead keeps, after each step,
+only the accepted entries of the step region, moved to its front (``lookahead.runner``); with
+separate tensors that is two kernels per tensor per layer (120 for a 30-layer model) whenever a
+sequence accepted anything but the first chain of its step.
+
+A :class:`Slab` holds all of them in one preallocated tensor ``[2 * layers, B, H, capacity, D]``
+(keys of layer i at ``2i``, values at ``2i + 1``), and each layer of the cache is a
+:class:`SlabLayer`, a ``DynamicLayer`` whose keys and values are views of it. A forward pass
+writes its new entries in place (no copy of the past), a crop only moves the layer's end, and the
+step's moves are one ``index_select`` and one ``index_copy_`` over the rows of every layer at once.
+The capacity grows by half when a forward pass needs more (one copy of what is held).
+
+It needs every layer's keys and values to share one shape (most decoder-only models; not those
+whose keys and values differ in width, nor sliding-window layers that drop columns, which keep
+their own tensors: ``DecoderRunner`` falls back to them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+HEADROOM = 64  # columns allocated beyond what is held, at least
+
+
+class SlabLayer(DynamicLayer):
+    """A cache layer whose keys and values are views of ``slab`` (columns ``slab.start`` to its own
+    ``end``); writes go in place. Each layer keeps its own end, since a forward pass updates the
+    layers one after another."""
+
+    def __init__(self, slab: Slab, index: int, end: int) -> None:
+        self.slab, self.index, self.end = slab, index, end
+        super().__init__()
+        self.is_initialized = True
+        self.device = slab.data.device
+
+    # DynamicLayer's methods read and assign ``keys`` and ``values``: views made when read, and
+    # the assignments of the base class's __init__ are ignored
+    @property
+    def keys(self) -> torch.Tensor:
+        return self.slab.data[2 * self.index, :, :, self.slab.start : self.end]
+
+    @keys.setter
+    def keys(self, value) -> None:
+        if value is not None:
+            raise AttributeError("a SlabLayer's keys live in its slab: write through update() or the Slab")
+
+    @property
+    def values(self) -> torch.Tensor:
+        return self.slab.data[2 * self.index + 1, :, :, self.slab.start : self.end]
+
+    @values.setter
+    def values(self, value) -> None:
+        if value is not None:
+            raise AttributeError("a SlabLayer's values live in its slab: write through update() or the Slab")
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        length = key_states.shape[-2]
+        if self.end + length > self.slab.capacity:
+            self.slab.grow(self.end + length)
+        data, at = self.slab.data, self.end
+        data[2 * self.index, :, :, at : at + length].copy_(key_states)
+        data[2 * self.index + 1, :, :, at : at + length].copy_(value_states)
+        self.end = at + length
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.end - self.slab.start
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise ValueError("crop takes a negative count: the number of tokens to remove")
+        self.end = max(self.slab.start, self.end + tokens_to_remove)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        raise NotImplementedError("select the sequences of a slab with Slab.select (every layer at once)")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        raise NotImplementedError("a slab's batch changes through Slab.select only")
+
+    def reset(self) -> None:
+        raise NotImplementedError("a slab's layers are not reset: hand the cache back (Slab.detach) first")
+
+    def offload(self) -> None:
+        raise NotImplementedError("a slab's layers are not offloaded")
+
+
+class Slab:
+    """The keys and values of every layer of a cache in one tensor (see the module docstring)."""
+
+    def __init__(self, data: torch.Tensor, start: int, end: int) -> None:
+        self.data = data  # [2 * layers, B, H, capacity, D]
+        self.start = start  # first column held (columns before it were cut)
+        self.layers = [SlabLayer(self, i, end) for i in range(data.shape[0] // 2)]
+
+    @property
+    def capacity(self) -> int:
+        return self.data.shape[3]
+
+    @property
+    def end(self) -> int:
+        return self.layers[0].end
+
+    @staticmethod
+    def fits(cache) -> bool:
+        """Whether every layer of ``cache`` (a filled DynamicCache) has keys and values of one shape."""
+        layers = getattr(cache, "layers", None)
+        if not layers or any(type(layer) is not DynamicLayer or not layer.is_initialized for layer in layers):
+            return False
+        shapes = {tuple(t.shape) for layer in layers for t in (layer.keys, layer.values)}
+        return len(shapes) == 1 and layers[0].keys.dim() == 4
+
+    @classmethod
+    def adopt(cls, cache) -> Slab:
+        """Move the layers of ``cache`` (a DynamicCache whose layers :meth:`fits`) into a new slab
+        and make them its SlabLayers."""
+        first = cache.layers[0].keys
+        batch, heads, length, dim = first.shape
+        data = first.new_empty(2 * len(cache.layers), batch, heads, length + HEADROOM, dim)
+        for i, layer in enumerate(cache.layers):
+            data[2 * i, :, :, :length] = layer.keys
+            data[2 * i + 1, :, :, :length] = layer.values
+        slab = cls(data, 0, length)
+        cache.layers[:] = slab.layers
+        return slab
+
+    def admit(self, newcomers) -> None:
+        """Append the sequences of ``newcomers`` (a DynamicCache whose layers :meth:`fits` this
+        slab) to the batch: both are right-aligned on the longer, the shorter left-padded with
+        zeros (holes, which the mask hides). One copy of what is held, one per newcomer layer."""
+        held = self.end - self.start
+        theirs = newcomers.layers[0].keys.shape[2]
+        width = max(held, theirs)
+        tensors, batch, heads, _, dim = self.data.shape
+        data = self.data.new_zeros(tensors, batch + newcomers.layers[0].keys.shape[0], heads, width + HEADROOM, dim)
+        data[:, :batch, :, width - held : width] = self.data[:, :, :, self.start : self.end]
+        for i, layer in enumerate(newcomers.layers):
+            data[2 * i, batch:, :, width - theirs : width] = layer.keys
+            data[2 * i + 1, batch:, :, width - theirs : width] = layer.values
+        self.data, self.start = data, 0
+        for layer in self.layers:
+            layer.end = width
+
+    def grow(self, needed: int) -> None:
+        """Room for ``needed`` columns (counted from column 0 of the current data), and half as many
+        again: what is held is copied to the front of a new tensor."""
+        held = max(layer.end for layer in self.layers) - self.start
+        capacity = max(needed - self.start + HEADROOM, (needed - self.start) * 3 // 2)
+        shape = list(self.data.shape)
+        shape[3] = capacity
+        data = self.data.new_empty(shape)
+        data[:, :, :, :held] = self.data[:, :, :, self.start : self.start + held]
+        for layer in self.layers:
+            layer.end -= self.start
+        self.data, self.start = data, 0
+
+    def select(self, keep: torch.Tensor, lead: int = 0) -> None:
+        """Keep the sequences ``keep`` (an index into the batch, on the slab's device), and cut the
+        first ``lead`` columns held (holes in every kept sequence): one copy for every layer."""
+        self.data = self.data.index_select(1, keep)
+        self.start += lead
+
+    def move(self, step_length: int, moves: Sequence[tuple[int, int, int]]) -> None:
+        """Within the last ``step_length`` columns held (the step region), copy entries: ``moves``
+        lists (sequence, to column, from column), columns counted from the region's start; every
+        layer's keys and values at once (one index_select, one index_copy_). Every source is read
+        before any destination is written."""
+        if not moves:
+            return
+        tensors, batch, heads, capacity, dim = self.data.shape
+        seqs, dst, src = (torch.tensor(column) for column in zip(*moves, strict=True))  # [M] each
+        past = self.end - step_length
+        planes = torch.arange(tensors)[:, None, None] * batch  # [T, 1, 1]
+        lines = ((planes + seqs[None, :, None]) * heads + torch.arange(heads)[None, None]) * capacity + past  # [T, M, H]
+        device = self.data.device
+        from_rows = (lines + src[None, :, None]).flatten().to(device, non_blocking=True)
+        to_rows = (lines + dst[None, :, None]).flatten().to(device, non_blocking=True)
+        flat = self.data.view(-1, dim)
+        flat.index_copy_(0, to_rows, flat.index_select(0, from_rows))
+
+    def detach(self, cache) -> None:
+        """Give ``cache`` plain DynamicLayers again, with their own (contiguous) copies: for a cache
+        handed back to the caller, who may grow, crop or reorder it as transformers does."""
+        layers = []
+        for slab_layer in self.layers:
+            layer = DynamicLayer()
+            layer.lazy_initialization(slab_layer.keys, slab_layer.values)
+            layer.keys, layer.values = slab_layer.keys.clone(), slab_layer.values.clone()
+            layers.append(layer)
+        cache.layers[:] = layers

@@ -1,0 +1,90 @@
+"""The slab cache (every layer's keys and values in one tensor) against separate layer tensors.
+
+A runner with a slab and one without are driven through the same prefill, steps, commits that
+move entries, an admission, a drop and capacity growth; every step's logits must be the same.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import tiny_model
+from transformers.cache_utils import DynamicLayer
+
+from lookahead import slab as slab_module
+from lookahead.layout import build_layout
+from lookahead.runner import DecoderRunner
+from lookahead.slab import SlabLayer
+from lookahead.support import check_model
+
+
+def _ids(gen: torch.Generator, count: int) -> list[int]:
+    return torch.randint(3, 96, (count,), generator=gen).tolist()
+
+
+def _drive(runner: DecoderRunner, seed: int = 0) -> list[torch.Tensor]:
+    """Prefill, steps with commits that move entries, an admission, a drop: every logits tensor."""
+    gen = torch.Generator().manual_seed(seed)
+    out = [runner.prefill([_ids(gen, 9), _ids(gen, 5)])]
+    chains = build_layout(1, 0, 0, 2, 3)  # t, candidate 0 in slots 1-3, candidate 1 in slots 4-6
+    window = build_layout(1, 3, 2, 2, 3)  # the same with a window of 3 columns and 2 levels
+    # per step: the layout, and per sequence (accepted candidate, tokens kept)
+    plan = [
+        (chains, [(1, 3), (0, 2)]),  # sequence 0 keeps candidate 1's first two tokens: they move
+        (window, [(None, 1), (1, 4)]),
+        (chains, [(0, 4), (1, 2)]),
+        ("admit", None),
+        (window, [(1, 2), (None, 1), (0, 3)]),
+        ("select", [0, 2]),
+        (chains, [(1, 4), (1, 1)]),
+        (window, [(0, 2), (1, 3)]),
+    ]
+    for layout, picks in plan:
+        if layout == "admit":
+            out.append(runner.admit([_ids(gen, 13)]))
+            continue
+        if layout == "select":
+            runner.select(picks)
+            continue
+        batch = runner.key_pos.shape[0]
+        out.append(runner.step(layout, [_ids(gen, layout.length) for _ in range(batch)]))
+        runner.commit(layout, picks)
+    return out
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gpt2"])
+def test_slab_steps_give_the_logits_of_separate_layer_tensors(arch, monkeypatch):
+    monkeypatch.setattr(slab_module, "HEADROOM", 2)  # the slab grows several times on the way
+    model = tiny_model(arch)
+    spec = check_model(model)
+    with_slab, without = DecoderRunner(model, spec), DecoderRunner(model, spec, slab=False)
+    got, expected = _drive(with_slab), _drive(without)
+    assert with_slab.slab is not None and without.slab is None
+    assert all(isinstance(layer, SlabLayer) for layer in with_slab.cache.layers)
+    assert len(got) == len(expected)
+    for step, (a, b) in enumerate(zip(got, expected, strict=True)):
+        assert torch.equal(a, b), f"logits differ at call {step}"
+    assert torch.equal(with_slab.key_pos, without.key_pos)
+    cache = with_slab.hand_back()
+    assert all(type(layer) is DynamicLayer for layer in cache.layers)
+    for mine, theirs in zip(cache.layers, without.cache.layers, strict=True):
+        torch.testing.assert_close(mine.keys, theirs.keys, rtol=1e-5, atol=1e-5)
+        assert mine.keys.is_contiguous()
+
+
+def test_sliding_layers_that_drop_columns_keep_tensors_of_their_own():
+    model = tiny_model("gemma3_text")
+    runner = DecoderRunner(model, check_model(model))
+    runner.prefill([[1, 5, 6, 7]])
+    assert runner.slab is None
+    kept = DecoderRunner(model, check_model(model), bound_sliding=False)  # a cache handed back keeps all
+    kept.prefill([[1, 5, 6, 7]])
+    assert kept.slab is not None
+
+
+def test_a_slab_layer_refuses_what_would_desynchronise_its_slab():
+    model = tiny_model("llama")
+    runner = DecoderRunner(model, check_model(model))
+    runner.prefill([[1, 5, 6, 7]])
+    with pytest.raises(NotImplementedError, match="Slab.select"):
+        runner.cache.batch_select_indices(torch.tensor([0]))
