@@ -37,11 +37,20 @@ def _drive(runner: DecoderRunner, seed: int = 0) -> list[torch.Tensor]:
         (window, [(1, 2), (None, 1), (0, 3)]),
         ("select", [0, 2]),
         (chains, [(1, 4), (1, 1)]),
-        (window, [(0, 2), (1, 3)]),
+        ("admit", 40),  # longer than what the batch holds: every sequence gains holes on the left
+        (window, [(0, 2), (1, 3), (1, 2)]),
+        ("select", [1, 2]),  # the last sequence moves up a row
+        ("admit", 3),  # a free row: admitted in place
+        (chains, [(1, 2), (0, 4), (1, 3)]),
+        ("select", [0, 2]),
+        (window, [(1, 4), (0, 1)]),
+        ("select", [1]),  # the short newcomer alone: the columns before its prompt are cut
+        ("admit", 12),  # longer than it holds: holes on its left, in the columns cut before
+        (chains, [(0, 3), (1, 4)]),
     ]
     for layout, picks in plan:
         if layout == "admit":
-            out.append(runner.admit([_ids(gen, 13)]))
+            out.append(runner.admit([_ids(gen, picks or 13)]))
             continue
         if layout == "select":
             runner.select(picks)

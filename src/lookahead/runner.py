@@ -19,7 +19,9 @@ pad, ``.`` a hole)::
     key_pos b:  -1  -1   0   1 |  2  -1  -1 |  3   4
                    prefill     |   step 1   |  step 2
 
-Moving entries costs one gather over the step's region, never over the whole cache; holes cost
+Only the entries not in place move, within the step's region, never the whole cache: where every
+layer's keys and values share one shape they live in one tensor (``lookahead.slab``), and the
+moves of all layers are two kernels; otherwise two per keys/values tensor. Holes cost
 a few masked columns, and the leading columns that are holes in every sequence are cut whenever a
 finished sequence is dropped. The model must take explicit
 ``position_ids`` and a custom 4D mask (``support.check_model`` probes for both). Sliding-window
@@ -291,7 +293,7 @@ class DecoderRunner:
         valid = (self.key_pos >= 0).any(dim=0)
         lead = int(valid.long().argmax()) if bool(valid.any()) else 0
         if self.slab is not None:  # one copy for every layer
-            self.slab.select(_send(index, self.model.device), lead)
+            self.slab.select(list(keep), lead)
             self.key_pos = self.key_pos[:, lead:]
             self.holes = bool((self.key_pos < 0).any())
             return

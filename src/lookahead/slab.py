@@ -43,7 +43,7 @@ class SlabLayer(DynamicLayer):
     # the assignments of the base class's __init__ are ignored
     @property
     def keys(self) -> torch.Tensor:
-        return self.slab.data[2 * self.index, :, :, self.slab.start : self.end]
+        return self.slab.data[2 * self.index, : self.slab.batch, :, self.slab.start : self.end]
 
     @keys.setter
     def keys(self, value) -> None:
@@ -52,7 +52,7 @@ class SlabLayer(DynamicLayer):
 
     @property
     def values(self) -> torch.Tensor:
-        return self.slab.data[2 * self.index + 1, :, :, self.slab.start : self.end]
+        return self.slab.data[2 * self.index + 1, : self.slab.batch, :, self.slab.start : self.end]
 
     @values.setter
     def values(self, value) -> None:
@@ -63,9 +63,9 @@ class SlabLayer(DynamicLayer):
         length = key_states.shape[-2]
         if self.end + length > self.slab.capacity:
             self.slab.grow(self.end + length)
-        data, at = self.slab.data, self.end
-        data[2 * self.index, :, :, at : at + length].copy_(key_states)
-        data[2 * self.index + 1, :, :, at : at + length].copy_(value_states)
+        data, at, batch = self.slab.data, self.end, self.slab.batch
+        data[2 * self.index, :batch, :, at : at + length].copy_(key_states)
+        data[2 * self.index + 1, :batch, :, at : at + length].copy_(value_states)
         self.end = at + length
         return self.keys, self.values
 
@@ -91,10 +91,16 @@ class SlabLayer(DynamicLayer):
 
 
 class Slab:
-    """The keys and values of every layer of a cache in one tensor (see the module docstring)."""
+    """The keys and values of every layer of a cache in one tensor (see the module docstring).
+
+    The tensor may hold more sequences than the batch has (``batch`` are in use, the first ones)
+    and more columns than are held (``start`` to each layer's end): sequences that leave are
+    overwritten by those after them and newcomers take free rows, in place, so that a server's
+    comings and goings allocate nothing (a fresh tensor of tens of MB costs its page faults)."""
 
     def __init__(self, data: torch.Tensor, start: int, end: int) -> None:
-        self.data = data  # [2 * layers, B, H, capacity, D]
+        self.data = data  # [2 * layers, rows >= batch, H, capacity, D]
+        self.batch = data.shape[1]  # sequences in use: rows 0 .. batch - 1
         self.start = start  # first column held (columns before it were cut)
         self.layers = [SlabLayer(self, i, end) for i in range(data.shape[0] // 2)]
 
@@ -129,41 +135,59 @@ class Slab:
         cache.layers[:] = slab.layers
         return slab
 
+    def _reallocate(self, rows: int, left: int, columns: int) -> None:
+        """A new tensor of ``rows`` sequences and ``columns`` columns, held from column 0; what is
+        held now moves there, ``left`` columns in (zeros before it: holes)."""
+        held = self.end - self.start
+        tensors, _, heads, _, dim = self.data.shape
+        make = self.data.new_zeros if left else self.data.new_empty
+        data = make(tensors, rows, heads, columns, dim)
+        data[:, : self.batch, :, left : left + held] = self.data[:, : self.batch, :, self.start : self.end]
+        for layer in self.layers:
+            layer.end += left - self.start
+        self.data, self.start = data, 0
+
     def admit(self, newcomers) -> None:
         """Append the sequences of ``newcomers`` (a DynamicCache whose layers :meth:`fits` this
         slab) to the batch: both are right-aligned on the longer, the shorter left-padded with
-        zeros (holes, which the mask hides). One copy of what is held, one per newcomer layer."""
-        held = self.end - self.start
-        theirs = newcomers.layers[0].keys.shape[2]
-        width = max(held, theirs)
-        tensors, batch, heads, _, dim = self.data.shape
-        data = self.data.new_zeros(tensors, batch + newcomers.layers[0].keys.shape[0], heads, width + HEADROOM, dim)
-        data[:, :batch, :, width - held : width] = self.data[:, :, :, self.start : self.end]
+        zeros (holes, which the mask hides). In place where the tensor has the rows and the
+        columns; else one copy of what is held into a larger one."""
+        count, theirs = newcomers.layers[0].keys.shape[0], newcomers.layers[0].keys.shape[2]
+        held, batch = self.end - self.start, self.batch
+        extra = max(0, theirs - held)  # columns the running sequences gain on the left (holes)
+        if batch + count > self.data.shape[1] or extra > self.start:
+            self._reallocate(batch + count, extra, max(held, theirs) + HEADROOM)
+        elif extra:
+            self.start -= extra
+            self.data[:, :batch, :, self.start : self.start + extra] = 0
+        rows = self.data[:, batch : batch + count]
+        rows[:, :, :, self.start : self.end - theirs] = 0
         for i, layer in enumerate(newcomers.layers):
-            data[2 * i, batch:, :, width - theirs : width] = layer.keys
-            data[2 * i + 1, batch:, :, width - theirs : width] = layer.values
-        self.data, self.start = data, 0
-        for layer in self.layers:
-            layer.end = width
+            rows[2 * i, :, :, self.end - theirs : self.end] = layer.keys
+            rows[2 * i + 1, :, :, self.end - theirs : self.end] = layer.values
+        self.batch = batch + count
 
     def grow(self, needed: int) -> None:
         """Room for ``needed`` columns (counted from column 0 of the current data), and half as many
         again: what is held is copied to the front of a new tensor."""
         held = max(layer.end for layer in self.layers) - self.start
         capacity = max(needed - self.start + HEADROOM, (needed - self.start) * 3 // 2)
-        shape = list(self.data.shape)
-        shape[3] = capacity
-        data = self.data.new_empty(shape)
-        data[:, :, :, :held] = self.data[:, :, :, self.start : self.start + held]
+        tensors, _, heads, _, dim = self.data.shape
+        data = self.data.new_empty(tensors, self.data.shape[1], heads, capacity, dim)
+        data[:, : self.batch, :, :held] = self.data[:, : self.batch, :, self.start : self.start + held]
         for layer in self.layers:
             layer.end -= self.start
         self.data, self.start = data, 0
 
-    def select(self, keep: torch.Tensor, lead: int = 0) -> None:
-        """Keep the sequences ``keep`` (an index into the batch, on the slab's device), and cut the
-        first ``lead`` columns held (holes in every kept sequence): one copy for every layer."""
-        self.data = self.data.index_select(1, keep)
+    def select(self, keep: Sequence[int], lead: int = 0) -> None:
+        """Keep the sequences ``keep`` (increasing indices into the batch) and cut the first
+        ``lead`` columns held (holes in every kept sequence), in place: each kept sequence after
+        a gap moves up one row (a copy of what it holds), and the cut only moves ``start``."""
         self.start += lead
+        for to, sequence in enumerate(keep):
+            if sequence != to:
+                self.data[:, to, :, self.start : self.end] = self.data[:, sequence, :, self.start : self.end]
+        self.batch = len(keep)
 
     def move(self, step_length: int, moves: Sequence[tuple[int, int, int]]) -> None:
         """Within the last ``step_length`` columns held (the step region), copy entries: ``moves``
@@ -172,10 +196,10 @@ class Slab:
         before any destination is written."""
         if not moves:
             return
-        tensors, batch, heads, capacity, dim = self.data.shape
+        tensors, rows, heads, capacity, dim = self.data.shape
         seqs, dst, src = (torch.tensor(column) for column in zip(*moves, strict=True))  # [M] each
         past = self.end - step_length
-        planes = torch.arange(tensors)[:, None, None] * batch  # [T, 1, 1]
+        planes = torch.arange(tensors)[:, None, None] * rows  # [T, 1, 1]
         lines = ((planes + seqs[None, :, None]) * heads + torch.arange(heads)[None, None]) * capacity + past  # [T, M, H]
         device = self.data.device
         from_rows = (lines + src[None, :, None]).flatten().to(device, non_blocking=True)
