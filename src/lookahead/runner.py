@@ -123,6 +123,8 @@ class DecoderRunner:
 
     def __init__(self, model, spec: MaskSpec, bound_sliding: bool = True, slab: bool = True) -> None:
         self.model, self.spec = model, spec
+        # read once: the model's device and dtype are properties that walk its parameters
+        self.device, self.dtype = model.device, model.dtype
         self.cache = DynamicCache()
         self.slab: Slab | None = None  # every layer's keys and values in one tensor, where they fit
         # the bookkeeping lives on the host, so that reading it never waits for the device; a step
@@ -200,8 +202,8 @@ class DecoderRunner:
 
     def step(self, layout: StepLayout, step_ids: Sequence[Sequence[int]]) -> torch.Tensor:
         """One forward pass over every sequence's step -> the used slots' logits [B, K, V]."""
-        device = self.model.device
-        step_positions, step_mask, slots = layout.on_device(device, self.model.dtype)  # [L], [L, L], [K]
+        device, dtype = self.device, self.dtype
+        step_positions, step_mask, slots = layout.on_device(device, dtype)  # [L], [L, L], [K]
         positions = step_positions[None] + _send(self.n_cached[:, None], device)  # [B, L]
         # t alone with no hole to hide: let the model build its own mask, exactly as plain decoding
         # (the same attention kernel, hence the same rounding)
@@ -209,7 +211,7 @@ class DecoderRunner:
             mask = None
         elif self.spec.positions:
             key_pos = _send(self.key_pos, device)
-            mask = self.spec.build(step_mask, key_pos, positions, self.model.dtype, self.trim)
+            mask = self.spec.build(step_mask, key_pos, positions, dtype, self.trim)
         else:  # linear steps: a 2D mask hides the holes; the model derives positions and causality
             ones = self.key_pos.new_ones(len(step_ids), layout.length)
             mask = _send(torch.cat([(self.key_pos >= 0).long(), ones], dim=1), device)  # [B, C + L]
@@ -297,7 +299,7 @@ class DecoderRunner:
             self.key_pos = self.key_pos[:, lead:]
             self.holes = bool((self.key_pos < 0).any())
             return
-        self.cache.batch_select_indices(_send(index, self.model.device))
+        self.cache.batch_select_indices(_send(index, self.device))
         if lead > 0:
             for i, layer in enumerate(self.cache.layers):
                 cut = max(0, lead - self.trim) if i in self.sliding else lead

@@ -102,6 +102,7 @@ class Slab:
         self.data = data  # [2 * layers, rows >= batch, H, capacity, D]
         self.batch = data.shape[1]  # sequences in use: rows 0 .. batch - 1
         self.start = start  # first column held (columns before it were cut)
+        self._base, self._base_shape = None, None  # move()'s row offsets, for one shape of data
         self.layers = [SlabLayer(self, i, end) for i in range(data.shape[0] // 2)]
 
     @property
@@ -197,13 +198,13 @@ class Slab:
         if not moves:
             return
         tensors, rows, heads, capacity, dim = self.data.shape
-        seqs, dst, src = (torch.tensor(column) for column in zip(*moves, strict=True))  # [M] each
-        past = self.end - step_length
-        planes = torch.arange(tensors)[:, None, None] * rows  # [T, 1, 1]
-        lines = ((planes + seqs[None, :, None]) * heads + torch.arange(heads)[None, None]) * capacity + past  # [T, M, H]
-        device = self.data.device
-        from_rows = (lines + src[None, :, None]).flatten().to(device, non_blocking=True)
-        to_rows = (lines + dst[None, :, None]).flatten().to(device, non_blocking=True)
+        if self._base_shape != self.data.shape:  # row of (tensor, sequence 0, head, column 0), [T, 1, H]
+            base = (torch.arange(tensors)[:, None] * (rows * heads) + torch.arange(heads)[None]) * capacity
+            self._base, self._base_shape = base[:, None, :].to(self.data.device), self.data.shape
+        past, per_sequence = self.end - step_length, heads * capacity
+        offsets = [[b * per_sequence + past + at for b, _, at in moves], [b * per_sequence + past + at for b, at, _ in moves]]
+        offsets = torch.tensor(offsets).to(self.data.device, non_blocking=True)  # [2, M]: from, to
+        from_rows, to_rows = (self._base[None] + offsets[:, None, :, None]).view(2, -1)  # [2, T * M * H]
         flat = self.data.view(-1, dim)
         flat.index_copy_(0, to_rows, flat.index_select(0, from_rows))
 
