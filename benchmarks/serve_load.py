@@ -4,13 +4,17 @@ Starts three servers on free ports of 127.0.0.1 (lookahead with its warm pool sh
 requests, the default; lookahead with --no-shared-pool; and --plain one-token steps; idle
 servers wait without using the CPU), then for each concurrency level runs the same requests
 against each in turn: C clients, each sending its share of the requests one after another,
-streamed, greedy. Each level takes prompts of its own (a prompt is never sent twice to a server,
-so the warm pool never holds a request's own answer; it holds the answers of earlier, different
-prompts). Reports requests/s, output tokens/s, time to first token (TTFT), time per output token
+streamed, greedy. Each server first answers one short warm-up request (a process's first forward
+passes are slow), and with ``--repeats`` each level runs that many rounds, the server that goes
+first rotating (a machine whose speed drifts would otherwise favour whoever runs last); the table
+gives medians. Each level and round takes prompts of its own (a prompt is never sent twice to a
+server, so the warm pool never holds a request's own answer; it holds the answers of earlier,
+different prompts). Reports requests/s, output tokens/s, time to first token (TTFT), time per output token
 after the first (TPOT) and the gap between streamed chunks (ITL), p50 and p99. Every request is
 bounded (max_tokens, a timeout) and so is the run; the servers are stopped at the end.
 
     .venv/bin/python benchmarks/serve_load.py --clients 1 4 16 --requests 16 --max-tokens 128
+    .venv/bin/python benchmarks/serve_load.py --dataset mtbench --clients 16 --requests 16 --repeats 3
 """
 
 from __future__ import annotations
@@ -126,22 +130,31 @@ async def load(
 
 
 def markdown(rows: list[dict], args) -> str:
+    """One line per (clients, server): medians over the repeats; "vs plain" is the median of each
+    round's ratio to plain's output tokens/s in the same round."""
     lines = [
         f"### serve load ({args.model}, {args.dtype}, {args.dataset}, {args.requests} requests x "
-        f"{args.max_tokens} tokens, batch <= {args.max_batch_size})",
+        f"{args.max_tokens} tokens, batch <= {args.max_batch_size}, medians of {args.repeats} rounds)",
         "",
         "| clients | server | req/s | output tok/s | vs plain | TTFT p50 / p99 (s) | TPOT p50 / p99 (ms) | "
         "ITL p50 / p99 (ms) |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    plain = {r["clients"]: r["output_tokens_per_s"] for r in rows if r["server"] == "plain"}
+    plain = {(r["clients"], r["repeat"]): r["output_tokens_per_s"] for r in rows if r["server"] == "plain"}
+    groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        ratio = r["output_tokens_per_s"] / plain[r["clients"]]
+        groups.setdefault((r["clients"], r["server"]), []).append(r)
+    for (clients, server), mine in groups.items():
+
+        def med(key: str, scale: float = 1.0) -> float:
+            return scale * statistics.median(r[key] for r in mine)
+
+        ratio = statistics.median(r["output_tokens_per_s"] / plain[(r["clients"], r["repeat"])] for r in mine)
         lines.append(
-            f"| {r['clients']} | {r['server']} | {r['requests_per_s']:.2f} | {r['output_tokens_per_s']:.1f} | "
-            f"{ratio:.2f}x | {r['ttft_p50']:.2f} / {r['ttft_p99']:.2f} | "
-            f"{1000 * r['tpot_p50']:.0f} / {1000 * r['tpot_p99']:.0f} | "
-            f"{1000 * r['itl_p50']:.0f} / {1000 * r['itl_p99']:.0f} |"
+            f"| {clients} | {server} | {med('requests_per_s'):.2f} | {med('output_tokens_per_s'):.1f} | "
+            f"{ratio:.2f}x | {med('ttft_p50'):.2f} / {med('ttft_p99'):.2f} | "
+            f"{med('tpot_p50', 1000):.0f} / {med('tpot_p99', 1000):.0f} | "
+            f"{med('itl_p50', 1000):.0f} / {med('itl_p99', 1000):.0f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -155,12 +168,14 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=16, help="requests per level and server")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--max-batch-size", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=1, help="rounds per level, each with prompts of its own")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds a level may take at most")
     parser.add_argument("--out", default="results/serve-load")
     args = parser.parse_args()
-    prompts = datasets.load(args.dataset, args.requests * len(args.clients))
-    if len(prompts) < args.requests * len(args.clients):
-        raise SystemExit(f"{args.dataset} has {len(prompts)} prompts: lower --requests or the number of levels")
+    rounds = [(clients, repeat) for clients in args.clients for repeat in range(args.repeats)]
+    prompts = datasets.load(args.dataset, args.requests * len(rounds))
+    if len(prompts) < args.requests * len(rounds):
+        raise SystemExit(f"{args.dataset} has {len(prompts)} prompts: lower --requests, --repeats or the levels")
     servers = {
         "lookahead": start(args),
         "lookahead, no shared pool": start(args, "--no-shared-pool"),
@@ -168,11 +183,17 @@ def main() -> int:
     }
     rows = []
     try:
-        for level, clients in enumerate(args.clients):
-            batch = prompts[level * args.requests : (level + 1) * args.requests]
-            for name, (_, url) in servers.items():  # the same load, one server after the other
+        warm = [datasets.Prompt(id="warm-up", text="Say hello.", chat=True)]  # a first request pays a process's warm-up
+        for _, url in servers.values():
+            asyncio.run(load(url, args.model, warm, 1, 8, args.timeout))
+        names = list(servers)
+        for index, (clients, repeat) in enumerate(rounds):
+            batch = prompts[index * args.requests : (index + 1) * args.requests]
+            order = names[repeat % len(names) :] + names[: repeat % len(names)]  # who goes first rotates
+            for name in order:  # the same load, one server after the other
+                url = servers[name][1]
                 result = asyncio.run(load(url, args.model, batch, clients, args.max_tokens, args.timeout))
-                rows.append({"clients": clients, "server": name, **result})
+                rows.append({"clients": clients, "repeat": repeat, "server": name, **result})
                 print(json.dumps(rows[-1]), file=sys.stderr)
     finally:
         for proc, _ in servers.values():
