@@ -232,6 +232,7 @@ class WidthChooser:
     _interval: dict = field(default_factory=dict)  # probe back-off per match length (None: batches)
     _bucket: int | None = None  # the match length probes are judged for this step
     _observed: bool = False  # whether this step recorded an observation
+    _step_probe: tuple[int, int] | None = None  # the probe setting as priced when this step was chosen
     _matches: list = field(default_factory=lambda: [None])
     _sizes: dict | None = None  # this step's input tokens per option, when the caller knows them
     _at_hand: list | None = None  # in a batch: candidates each sequence has at hand this step, when known
@@ -357,22 +358,40 @@ class WidthChooser:
     def rate(self, g: int, n: int, matches: Sequence[int | None] = (None,)) -> float:
         """Expected tokens per second relative to plain decoding (plain = 1), for rows whose
         contexts match earlier text as far as ``matches`` says."""
+        return self._rate(g, n, matches, {})
+
+    def _rate(self, g: int, n: int, matches: Sequence[int | None], memo: dict) -> float:
+        """:meth:`rate`, with what several options of one step share (a size's cost ratio, the
+        sequences' (candidates, match length) counts, an expectation) kept in ``memo``."""
         if (g, n) == PLAIN:
             return 1.0
+        size = self.size(g, n)
+        ratio = memo.get(("ratio", size))
+        if ratio is None:
+            ratio = memo["ratio", size] = self.ratio(size)
         have = self.available(g, n)
         if not have:
-            return 1.0 / self.ratio(self.size(g, n))
+            return 1.0 / ratio
         # sequences share few (candidates, match length) pairs: each pair's expectation once,
         # weighted; a sequence with no candidate at hand emits one token, whatever the others verify
-        if self._at_hand is not None and len(self._at_hand) == len(matches):
-            counts = Counter((min(have, h), m) for h, m in zip(self._at_hand, matches, strict=True))
-        else:
-            counts = Counter((have, m) for m in matches)
-        expected = sum(self.expected_tokens(h, n, m) * c for (h, m), c in counts.items()) / len(matches)
-        return expected / self.ratio(self.size(g, n))
+        counts = memo.get(("counts", have))
+        if counts is None:
+            if self._at_hand is not None and len(self._at_hand) == len(matches):
+                counts = Counter((min(have, h), m) for h, m in zip(self._at_hand, matches, strict=True))
+            else:
+                counts = Counter((have, m) for m in matches)
+            memo["counts", have] = counts
+        expected = 0.0
+        for (h, m), count in counts.items():
+            mean = memo.get(("expected", h, n, m))
+            if mean is None:
+                mean = memo["expected", h, n, m] = self.expected_tokens(h, n, m)
+            expected += mean * count
+        return expected / len(matches) / ratio
 
     def best(self, matches: Sequence[int | None] = (None,)) -> tuple[int, int]:
-        return max([PLAIN, *self.options()], key=lambda choice: self.rate(*choice, matches))
+        memo: dict = {}
+        return max([PLAIN, *self.options()], key=lambda choice: self._rate(*choice, matches, memo))
 
     def choose(
         self, matches: Sequence[int | None] = (None,), sizes: dict | None = None, at_hand: Sequence[int] | None = None
@@ -390,7 +409,7 @@ class WidthChooser:
         self._bucket = matches[0] if len(matches) == 1 else None
         self._observed = False
         tuned = self.enabled and self.curve is not None and (self.max_candidates > 0 or self.window_size > 0)
-        probe = self.probe if tuned else None  # priced once per step
+        probe = self._step_probe = self.probe if tuned else None  # priced once per step
         if not tuned:
             choice = self.widest
         elif not self.observations or self._since_probe >= max(
@@ -427,7 +446,7 @@ class WidthChooser:
     def after_step(self, choice: tuple[int, int]) -> None:
         """Back off, for this step's match length, while probes keep losing to plain decoding; a
         probe that verified no candidate (the window alone) observed nothing and is not judged."""
-        if self.enabled and self.curve is not None and choice == self.probe and self._observed:
+        if self.enabled and self.curve is not None and self._observed and choice == self._step_probe:
             paid = self.best(self._matches) != PLAIN
             interval = self._interval.get(self._bucket, 0)
             interval = 0 if paid else min(self.max_interval, 2 * max(interval, self.probe_every // 2))
