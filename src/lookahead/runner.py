@@ -94,15 +94,11 @@ def _compact_step(layers, step_length: int, moves: list[tuple[int, int, int]]) -
     for layer in layers:
         for name in ("keys", "values"):
             states = getattr(layer, name)  # [B, H, C + L, D]
+            if not states.is_contiguous():  # not seen with DynamicCache's layers: rows need one
+                states = states.contiguous()
+                setattr(layer, name, states)
             batch, heads, columns, dim = states.shape
             past = columns - step_length
-            if not states.is_contiguous():  # not seen with DynamicCache's layers; kept exact anyway
-                src = torch.arange(step_length).repeat(batch, 1)  # [B, L]: every entry where it is
-                src[seqs, dst] = slots
-                index = _send(src, states.device) + past
-                index = index[:, None, :, None].expand(-1, heads, -1, dim)
-                states[:, :, past:] = states.gather(2, index)
-                continue
             key = (states.device, tuple(states.shape))
             if key not in rows:  # row of (b, h, column) in the [B * H * (C + L), D] view
                 base = (seqs[:, None] * heads + torch.arange(heads)[None]) * columns + past  # [M, H]
@@ -146,7 +142,7 @@ class DecoderRunner:
 
     def prefill(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
         """Fill the cache with the prompts (left-padded, as transformers does) -> last logits [B, V]."""
-        device = self.model.device
+        device = self.device
         longest = max(len(p) for p in prompts)
         pads = [longest - len(p) for p in prompts]
         ids = _send([[p[0]] * pad + list(p) for p, pad in zip(prompts, pads, strict=True)], device)
@@ -315,7 +311,7 @@ class Seq2SeqRunner:
     aligned = True  # every sequence commits the same number of tokens per step
 
     def __init__(self, model, model_kwargs: dict) -> None:
-        self.model = model
+        self.model, self.device = model, model.device  # read once (a property that walks the parameters)
         encoder_outputs = model_kwargs.get("encoder_outputs")
         if encoder_outputs is None:
             raise ValueError("no encoder_outputs were prepared: call model.generate, which runs the encoder once")
@@ -336,11 +332,11 @@ class Seq2SeqRunner:
         """Run the decoder prompts (all the same length) -> last logits [B, V]."""
         if len({len(p) for p in prompts}) != 1:
             raise ValueError("encoder-decoder sequences need decoder prompts of one length (no decoder padding)")
-        return self._forward(torch.tensor([list(p) for p in prompts], device=self.model.device))[:, -1]
+        return self._forward(torch.tensor([list(p) for p in prompts], device=self.device))[:, -1]
 
     def step(self, layout: StepLayout, step_ids: Sequence[Sequence[int]]) -> torch.Tensor:
         """A linear step ([t, c_1, ..., c_k] per sequence) -> the used slots' logits [B, K, V]."""
-        logits = self._forward(_send([list(s) for s in step_ids], self.model.device))
+        logits = self._forward(_send([list(s) for s in step_ids], self.device))
         return logits[:, _send(layout.logit_slots, logits.device)]
 
     def commit(self, layout: StepLayout, picks: Sequence[tuple[int | None, int]]) -> None:
