@@ -35,7 +35,7 @@ def main() -> None:
             runner.step(build_layout(1, 0, 0, 1 if k > 1 else 0, k - 1), [[1] * k])
             runner.cache.crop(-k)
 
-        curve = tuning.measure(step, counts=args.counts, repeats=5)
+        curve = tuning.measure(step, counts=args.counts, pairs=3)
         ratios = " | ".join(f"{curve.ratio(k):.2f}" for k in args.counts[1:])
         print(f"| {context} | {1000 * curve(1):.1f} | {ratios} |")
 

@@ -146,7 +146,7 @@ def markdown(rows: list[dict], args) -> str:
         groups.setdefault((r["clients"], r["server"]), []).append(r)
     for (clients, server), mine in groups.items():
 
-        def med(key: str, scale: float = 1.0) -> float:
+        def med(key: str, scale: float = 1.0, mine: list[dict] = mine) -> float:
             return scale * statistics.median(r[key] for r in mine)
 
         ratio = statistics.median(r["output_tokens_per_s"] / plain[(r["clients"], r["repeat"])] for r in mine)

@@ -1,11 +1,13 @@
 """Auto-tuning: the chooser's model of the choice, and the cost curve it is built on."""
 
+from collections import Counter
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from tiny_models import repetitive_prompt, tiny_model
 
-from lookahead import Lookahead
+from lookahead import Lookahead, tuning
 from lookahead.tuning import PLAIN, CostCurve, WidthChooser, match_lengths, measure
 
 # a CPU-like curve: 2 tokens cost 1.1x one, 4 cost 1.9x, 8 cost 2.8x, 16 cost 5x
@@ -19,17 +21,52 @@ def test_cost_curve_interpolates_and_extrapolates():
     assert STEEP.ratio(2, batch=4) == pytest.approx(2.8 / 1.9)  # a batch of 4 at k=2 is 8 tokens
 
 
-def test_measure_never_decreases():
+class FakeClock:
+    """A clock that only moves when a fake forward pass runs: ``step(k)`` takes ``cost[k]`` times a
+    factor that drifts by ``drift`` per pass, plus ``spikes[(k, nth pass of k)]`` extra."""
+
+    def __init__(self, cost, drift=0.0, spikes=None):
+        self.cost, self.drift, self.spikes = cost, drift, spikes or {}
+        self.now, self.passes, self.calls = 0.0, 0, Counter()
+
+    def __call__(self):
+        return self.now
+
+    def step(self, k):
+        self.now += self.cost[k] * (1 + self.drift * self.passes) + self.spikes.get((k, self.calls[k]), 0.0)
+        self.passes += 1
+        self.calls[k] += 1
+
+
+COST = {1: 1.0, 2: 1.3, 4: 1.9, 8: 3.2}
+
+
+def test_measure_cancels_a_steady_drift(monkeypatch):
+    """A machine slowing down by 5% per pass during the calibration still gives the true ratios:
+    every count is timed once going up and once coming down in each pair of rounds."""
+    clock = FakeClock(COST, drift=0.05)
+    monkeypatch.setattr(tuning.time, "perf_counter", clock)
+    curve = measure(clock.step, counts=(1, 2, 4, 8), pairs=3)
+    for k, cost in COST.items():
+        assert curve.ratio(k) == pytest.approx(cost, rel=1e-9)
+
+
+def test_measure_ignores_a_slow_spell(monkeypatch):
+    """One pass 10x slow (the first count's, in one round; or a wide one's) does not move the curve."""
+    for spike in ((1, 3), (4, 2)):  # (count, its nth pass; pass 0 is the warm-up)
+        clock = FakeClock(COST, spikes={spike: 10.0 * COST[spike[0]]})
+        monkeypatch.setattr(tuning.time, "perf_counter", clock)
+        curve = measure(clock.step, counts=(1, 2, 4, 8), pairs=3)
+        assert [k for k, _ in curve.points] == list(COST)
+        assert [t for _, t in curve.points] == pytest.approx(list(COST.values()), rel=1e-9)
+
+
+def test_measure_never_decreases(monkeypatch):
     """Noise can make a wider pass look faster; the curve keeps the slower (earlier) floor."""
-    import time
-
-    def step(k):  # wider passes sleep less: a decreasing raw measurement
-        time.sleep((5 - k) * 0.002)
-
-    curve = measure(step, counts=(1, 2, 4), repeats=2)
-    assert [k for k, _ in curve.points] == [1, 2, 4]
-    assert curve.points[0][1] >= 0.008
-    assert curve.points[2][1] == curve.points[0][1]  # clamped to the floor
+    clock = FakeClock({1: 8.0, 2: 6.0, 4: 2.0})  # wider passes faster: a decreasing raw measurement
+    monkeypatch.setattr(tuning.time, "perf_counter", clock)
+    curve = measure(clock.step, counts=(1, 2, 4), pairs=1)
+    assert curve.points == ((1, 8.0), (2, 8.0), (4, 8.0))  # clamped to the floor
 
 
 def test_match_lengths_follow_the_model():

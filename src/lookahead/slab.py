@@ -202,7 +202,10 @@ class Slab:
             base = (torch.arange(tensors)[:, None] * (rows * heads) + torch.arange(heads)[None]) * capacity
             self._base, self._base_shape = base[:, None, :].to(self.data.device), self.data.shape
         past, per_sequence = self.end - step_length, heads * capacity
-        offsets = [[b * per_sequence + past + at for b, _, at in moves], [b * per_sequence + past + at for b, at, _ in moves]]
+        offsets = [
+            [b * per_sequence + past + at for b, _, at in moves],
+            [b * per_sequence + past + at for b, at, _ in moves],
+        ]
         offsets = torch.tensor(offsets).to(self.data.device, non_blocking=True)  # [2, M]: from, to
         from_rows, to_rows = (self._base[None] + offsets[:, None, :, None]).view(2, -1)  # [2, T * M * H]
         flat = self.data.view(-1, dim)

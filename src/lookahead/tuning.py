@@ -45,6 +45,7 @@ import json
 import logging
 import math
 import os
+import statistics
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
@@ -100,18 +101,31 @@ class CostCurve:
         return self(batch * k) / self(batch)
 
 
-def measure(step: Callable[[int], None], counts: Sequence[int] = GRID, repeats: int = 3) -> CostCurve:
-    """Time ``step(k)`` (one forward pass over k new tokens, state restored after) for each k;
-    the fastest of ``repeats`` runs, after one warm-up, and never decreasing in k."""
-    step(1)
+def measure(step: Callable[[int], None], counts: Sequence[int] = GRID, pairs: int = 3) -> CostCurve:
+    """Time ``step(k)`` (one forward pass over k new tokens, state restored after) for each k.
+
+    After one warm-up pass per k, ``pairs`` pairs of rounds time every k once in increasing order,
+    then once in decreasing order: within a pair, a machine that slows down or speeds up steadily
+    (frequency, a neighbour's load) adds as much to every k's summed time, so the pair's ratio
+    T(k)/T(1) is the sum of k's two timings over the sum of the first count's two. T(k) is the
+    median of the pairs' ratios times the median timing of the first count: one slow spell moves
+    one pair, not the curve. Never decreasing in k."""
+    for k in counts:
+        step(k)
+    seconds: dict[int, list[float]] = {k: [] for k in counts}
+    for _ in range(pairs):
+        for order in (counts, counts[::-1]):
+            for k in order:
+                start = time.perf_counter()
+                step(k)
+                seconds[k].append(time.perf_counter() - start)
+    first = seconds[counts[0]]
+    unit = statistics.median(first)
     points, floor = [], 0.0
     for k in counts:
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            step(k)
-            best = min(best, time.perf_counter() - start)
-        floor = max(floor, best)
+        mine = seconds[k]
+        ratios = [(mine[i] + mine[i + 1]) / (first[i] + first[i + 1]) for i in range(0, len(mine), 2)]
+        floor = max(floor, unit * statistics.median(ratios))
         points.append((k, floor))
     return CostCurve(tuple(points))
 
