@@ -142,3 +142,37 @@ def test_count_drafting_can_be_turned_off():
             got = model.generate(prompt, max_new_tokens=30, do_sample=False, custom_generate=lookahead)
         assert got.tolist() == expected.tolist()
         assert lookahead.last_stats.config.count_drafting is flag
+
+
+def test_a_later_drafter_starts_from_what_an_earlier_one_learnt():
+    """carry_from: the observations and the probe spacing carry over, within the memory bound, so
+    evidence that kept losing is not drafted again from the priors."""
+    curve = CostCurve(((1, 1.0), (2, 1.5), (4, 2.0), (8, 3.0)))
+    sources = [(3, (3, 4, 5)), (3, (3, 4, 5))]
+    earlier = TreeDrafter(curve, max_nodes=3, max_leaves=1, probe_every=10**6, memory=8)
+    while (draft := earlier.draft(sources, cap=3)).candidates:
+        earlier.record(draft, [9])  # rejected until it stops drafting
+    earlier._interval = 64
+    fresh = TreeDrafter(curve, max_nodes=3, max_leaves=1, probe_every=10**6, memory=8)
+    assert fresh.draft(sources, cap=3).candidates  # from the priors alone it drafts
+    later = TreeDrafter(curve, max_nodes=3, max_leaves=1, probe_every=10**6, memory=8)
+    later.carry_from(earlier)
+    assert list(later._seen) == list(earlier._seen) and len(later._seen) <= 8
+    assert later._fine == earlier._fine and later._interval == 64
+    assert not later.draft(sources, cap=3).candidates
+
+
+def test_one_lookahead_carries_its_drafting_statistics_to_the_next_call_on_the_same_model():
+    model, other = tiny_model("llama"), tiny_model("qwen2")
+    lookahead = Lookahead(cost_curve=FLAT.points)
+    prompts = [repetitive_prompt(24, seed) for seed in range(3)]
+    drafters = []
+    for m, prompt in ((model, prompts[0]), (model, prompts[1]), (other, prompts[2])):
+        expected = m.generate(prompt, max_new_tokens=30, do_sample=False)
+        got = m.generate(prompt, max_new_tokens=30, do_sample=False, custom_generate=lookahead)
+        assert got.tolist() == expected.tolist()
+        (drafter,) = lookahead._drafters.values()
+        drafters.append(list(drafter._seen))
+    first, second, third = drafters
+    assert 0 < len(first) < len(second) and second[: len(first)] == first  # carried, then its own
+    assert third[: len(first)] != first  # another model starts afresh

@@ -34,7 +34,7 @@ from .runner import DecoderRunner, Seq2SeqRunner
 from .sequences import Emitter, SeqState, assemble
 from .step import prompt_rows, validate_call
 from .support import MaskSpec, check_model
-from .tuning import CostCurve, WidthChooser, cost_curve
+from .tuning import CostCurve, WidthChooser, cost_curve, curve_key
 from .window import JacobiWindow
 
 logger = logging.getLogger(__name__)
@@ -52,6 +52,10 @@ class Lookahead:
     ``ValueError`` at construction. After each call, ``last_stats`` holds a
     :class:`LookaheadStats` (steps, tokens per step, accepted-length histogram, the settings
     chosen, time). Batches of left-padded prompts and encoder-decoder models are supported.
+    One instance carries what its count drafter learnt (how often each kind of evidence matched,
+    how probes fared) from one call to the next on the same model and settings: reuse it across
+    prompts of a workload. Outputs never depend on it; in bf16, near-ties can, as on any change of
+    step shapes. A new instance starts from the priors.
     With ``record_candidates=True``, ``last_candidates[b]`` maps each step of sequence b (by the
     tokens it had emitted when the step began) to the candidates it had at hand, for
     :func:`lookahead.bound.clairvoyant_bound`.
@@ -93,6 +97,9 @@ class Lookahead:
         # (tokens sequence b had emitted when it started) to the candidates it had at hand then
         self.record_candidates = record_candidates
         self.last_candidates: list[dict[int, list[tuple[int, ...]]]] | None = None
+        # the count drafter of the last call, by (model's cost key, settings): the next call on the
+        # same model starts from its observations (lookahead.drafting.TreeDrafter.carry_from)
+        self._drafters: dict[tuple, TreeDrafter] = {}
 
     def config_for(self, device: torch.device | str) -> LookaheadConfig:
         """The W/N/G this callable uses on ``device``."""
@@ -169,6 +176,11 @@ class Lookahead:
             seq.do_sample = bool(generation_config.do_sample)
         chooser = make_chooser(model, cfg, spec, batch, self.cost_curve)
         drafter = make_drafter(cfg, spec, batch, chooser.curve)
+        if drafter is not None:
+            key = (curve_key(model), cfg, chooser.curve)
+            if key in self._drafters:
+                drafter.carry_from(self._drafters[key])
+            self._drafters = {key: drafter}  # one kept: the model and settings of the latest call
         engine = Engine(
             model, cfg, spec, chooser, emitter, stats, model_kwargs, keep_cache=want and batch == 1, drafter=drafter
         )

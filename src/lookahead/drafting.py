@@ -99,6 +99,15 @@ class TreeDrafter:
         self._coarse: dict[tuple, list[int]] = {}  # (level, first token) -> [accepted, observed]
         self.chosen: Counter = Counter()  # (leaves, longest + 1) or PLAIN -> steps
 
+    def carry_from(self, earlier: TreeDrafter) -> None:
+        """Start from what ``earlier`` (a drafter of an earlier call, same model and settings) had
+        learnt: its observations and its probe spacing. Text of one kind (code, chat) matches
+        alike from one prompt to the next, while a few dozen steps of one call say little: a
+        drafter starting from the priors alone overrates chat's repeated phrases."""
+        for bucket, accepted in earlier._seen:
+            self._observe(bucket, accepted)
+        self._interval = earlier._interval
+
     # -- estimates -------------------------------------------------------------------------------
 
     def rate(self, bucket: tuple, prior: float, optimistic: bool = False) -> float:
