@@ -204,3 +204,41 @@ def test_service_admits_requests_as_they_arrive_and_frees_cancelled_ones():
     finally:
         service.shutdown(timeout=30)
     assert service.active == 0 and service.queue_depth == 0
+
+
+def test_service_drafts_a_lone_request_and_batches_the_rest():
+    """With adaptive settings the service drafts a lone request's steps token by token (as
+    Lookahead() does) and hands the steps back to the chooser while others share the batch;
+    every text is plain generate's."""
+    model = tiny_model("llama")
+    prompts = [repetitive_prompt(n, seed)[0].tolist() for seed, n in enumerate((30, 12, 24, 18))]
+    service = Service(model, LookaheadConfig(0, 4, 4, adaptive=True), max_batch_size=4, max_queue=8)
+
+    async def one(prompt, delay):
+        await asyncio.sleep(delay)
+        request = Request(prompt_ids=prompt, max_tokens=NEW)
+        service.submit(request)
+        tokens, reason = [], None
+        while reason is None:
+            event = await request.events.get()
+            tokens += event.tokens
+            reason = event.finish_reason
+        return tokens
+
+    async def main():
+        alone = await one(prompts[0], 0.0)  # the only request: drafted
+        together = await asyncio.gather(*(one(p, 0.0) for p in prompts[1:]))  # a batch: the chooser's
+        return [alone, *together]
+
+    try:
+        drafter = service.engine.drafter
+        assert drafter is not None
+        texts = asyncio.run(main())
+        for prompt, tokens in zip(prompts, texts, strict=True):
+            expected = model.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False)
+            assert tokens == expected[0, len(prompt) :].tolist()
+        assert drafter.wide_steps > 0  # the lone request's steps were drafted
+        assert sum(drafter.chosen.values()) < service.stats.steps  # not every step: the batch's were chosen
+        assert service.engine.chooser.chosen  # by the chooser
+    finally:
+        service.shutdown(timeout=30)

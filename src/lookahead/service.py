@@ -36,7 +36,7 @@ from transformers import (
 )
 
 from .config import LookaheadConfig, LookaheadStats
-from .decoding import make_chooser, new_sequence, settle
+from .decoding import make_chooser, make_drafter, new_sequence, settle
 from .engine import Engine
 from .pool import SharedPool
 from .sequences import Emitter, SeqState
@@ -109,7 +109,12 @@ class Service:
         self.stats = LookaheadStats(config=cfg, accepted_hist=[0] * cfg.ngram_size)
         chooser = make_chooser(model, cfg, spec, 1)
         chooser.learn_costs = True  # outputs never depend on step shapes here (see WidthChooser)
-        self.engine = Engine(model, cfg, spec, chooser, Emitter(), self.stats, on_finish=self._finished)
+        # a lone request's steps are drafted token by token, as Lookahead() drafts them; the drafter's
+        # learnt rates carry from one request to the next
+        drafter = make_drafter(cfg, spec, 1, chooser.curve)
+        self.engine = Engine(
+            model, cfg, spec, chooser, Emitter(), self.stats, on_finish=self._finished, drafter=drafter
+        )
         eos = model.generation_config.eos_token_id
         self.eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
         self._pending: deque[Request] = deque()
