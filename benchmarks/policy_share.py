@@ -95,13 +95,19 @@ def main() -> None:
             prompts = datasets.load(name, args.n)
             runs = {p: [] for p in args.policies}
             reference = None
+            # one instance per policy and dataset, reused prompt after prompt as a workload would
+            # reuse it (it carries its drafter's statistics from call to call)
+            instances = {}
+            for policy in args.policies:
+                options = dict(POLICIES[policy])
+                options.pop("_drafter", None)
+                instances[policy] = Lookahead(**options, cost_curve=curve, record_candidates=True)
             for prompt in prompts:
                 inputs = datasets.encode(tokenizer, prompt)
                 for policy in args.policies:
-                    options = dict(POLICIES[policy])
-                    drafter_options = options.pop("_drafter", {})  # TreeDrafter settings to try
+                    drafter_options = POLICIES[policy].get("_drafter", {})  # TreeDrafter settings to try
                     decoding.TreeDrafter = functools.partial(TreeDrafter, **drafter_options)
-                    la = Lookahead(**options, cost_curve=curve, record_candidates=True)
+                    la = instances[policy]
                     priced[0] = 0.0
                     out = model.generate(**inputs, max_new_tokens=args.max_new_tokens, do_sample=False,
                                          custom_generate=la)  # fmt: skip

@@ -205,7 +205,7 @@ def _bench(args) -> int:
     transformers.utils.logging.disable_progress_bar()
     if args.n < 1 or args.max_new_tokens < 1 or min(args.batch_size) < 1:
         raise ValueError("--n, --max-new-tokens and --batch-size must be at least 1")
-    methods = bench.methods_for(args.window_size, args.ngram_size, args.max_candidates)
+    bench.methods_for(args.window_size, args.ngram_size, args.max_candidates)  # validates W/N/G before the load
     suites = {name: datasets.load(name, args.n) for name in args.datasets}  # fail early on a bad name
     model, tokenizer = models.load(args.model, dtype=args.dtype, device=_device(args.device))
     out = Path(args.out)
@@ -213,6 +213,9 @@ def _bench(args) -> int:
         label = Path(name).stem
         by_batch = {}
         for batch in args.batch_size:
+            # fresh callables per dataset and batch size: Lookahead() carries its drafting statistics
+            # from call to call, so each workload starts from the priors rather than another's
+            methods = bench.methods_for(args.window_size, args.ngram_size, args.max_candidates)
             runs = bench.run_bench(
                 model, tokenizer, prompts, methods, args.max_new_tokens, not args.no_progress, batch_size=batch
             )
