@@ -104,7 +104,7 @@ class TreeDrafter:
         learnt: its observations and its probe spacing. Text of one kind (code, chat) matches
         alike from one prompt to the next, while a few dozen steps of one call say little: a
         drafter starting from the priors alone overrates chat's repeated phrases."""
-        for bucket, accepted in earlier._seen:
+        for bucket, accepted in list(earlier._seen):  # a snapshot, should the other still run
             self._observe(bucket, accepted)
         self._interval = earlier._interval
 
