@@ -170,28 +170,31 @@ def test_chat_template_errors_are_400_naming_messages():
     assert info.value.status == 400 and info.value.param == "messages" and "alternate" in info.value.message
 
 
+async def ask(service, prompt, delay=0.0, cancel=False):
+    """Submit ``prompt`` to ``service`` after ``delay`` s -> (tokens, finish reason); with ``cancel``,
+    cancel it once the first tokens arrived -> (those tokens, "cancelled")."""
+    await asyncio.sleep(delay)
+    request = Request(prompt_ids=prompt, max_tokens=NEW)
+    service.submit(request)
+    tokens, reason = [], None
+    while reason is None:
+        event = await request.events.get()
+        tokens += event.tokens
+        reason = event.finish_reason
+        if cancel and tokens:
+            service.cancel(request)
+            return tokens, "cancelled"
+    return tokens, reason
+
+
 def test_service_admits_requests_as_they_arrive_and_frees_cancelled_ones():
     """The service's engine thread, driven from an event loop as the server drives it."""
     model = tiny_model("llama")
     prompts = [repetitive_prompt(n, seed)[0].tolist() for seed, n in enumerate((24, 7, 30, 12))]
     service = Service(model, LookaheadConfig(0, 4, 4), max_batch_size=3, max_queue=8, shared_pool=SharedPool())
 
-    async def one(prompt, delay, cancel=False):
-        await asyncio.sleep(delay)
-        request = Request(prompt_ids=prompt, max_tokens=NEW)
-        service.submit(request)
-        tokens, reason = [], None
-        while reason is None:
-            event = await request.events.get()
-            tokens += event.tokens
-            reason = event.finish_reason
-            if cancel and tokens:
-                service.cancel(request)
-                return tokens, "cancelled"
-        return tokens, reason
-
     async def main():
-        jobs = [one(p, 0.02 * i) for i, p in enumerate(prompts)] + [one(prompts[0], 0.0, cancel=True)]
+        jobs = [ask(service, p, 0.02 * i) for i, p in enumerate(prompts)] + [ask(service, prompts[0], cancel=True)]
         return await asyncio.gather(*jobs)
 
     try:
@@ -214,27 +217,16 @@ def test_service_drafts_a_lone_request_and_batches_the_rest():
     prompts = [repetitive_prompt(n, seed)[0].tolist() for seed, n in enumerate((30, 12, 24, 18))]
     service = Service(model, LookaheadConfig(0, 4, 4, adaptive=True), max_batch_size=4, max_queue=8)
 
-    async def one(prompt, delay):
-        await asyncio.sleep(delay)
-        request = Request(prompt_ids=prompt, max_tokens=NEW)
-        service.submit(request)
-        tokens, reason = [], None
-        while reason is None:
-            event = await request.events.get()
-            tokens += event.tokens
-            reason = event.finish_reason
-        return tokens
-
     async def main():
-        alone = await one(prompts[0], 0.0)  # the only request: drafted
-        together = await asyncio.gather(*(one(p, 0.0) for p in prompts[1:]))  # a batch: the chooser's
+        alone = await ask(service, prompts[0])  # the only request: drafted
+        together = await asyncio.gather(*(ask(service, p) for p in prompts[1:]))  # a batch: the chooser's
         return [alone, *together]
 
     try:
         drafter = service.engine.drafter
         assert drafter is not None
         texts = asyncio.run(main())
-        for prompt, tokens in zip(prompts, texts, strict=True):
+        for prompt, (tokens, _) in zip(prompts, texts, strict=True):
             expected = model.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False)
             assert tokens == expected[0, len(prompt) :].tolist()
         assert drafter.wide_steps > 0  # the lone request's steps were drafted
