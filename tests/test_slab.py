@@ -81,6 +81,22 @@ def test_slab_steps_give_the_logits_of_separate_layer_tensors(arch, monkeypatch)
         assert mine.keys.is_contiguous()
 
 
+def test_the_prefill_writes_into_the_slab_the_model_check_sized(monkeypatch):
+    """The probe of check_model reads the cache's shape, so a batch's prefill writes its keys and
+    values straight into a slab (the prompt's cache is not copied into one afterwards)."""
+    model = tiny_model("llama")
+    spec = check_model(model)
+    text = model.config.get_text_config(decoder=True)
+    heads, dim = text.num_key_value_heads, text.hidden_size // text.num_attention_heads
+    assert spec.cache_shape == (text.num_hidden_layers, heads, dim, torch.float32)
+    runner = DecoderRunner(model, spec)
+    made, real_empty = [], slab_module.Slab.empty
+    monkeypatch.setattr(slab_module.Slab, "empty", lambda *args: made.append(real_empty(*args)) or made[-1])
+    runner.prefill([[1, 5, 6, 7], [2, 3]])
+    assert made == [runner.slab] and runner.slab.capacity == 4 + slab_module.HEADROOM
+    assert runner.slab.end == 4 and all(isinstance(layer, SlabLayer) for layer in runner.cache.layers)
+
+
 def test_sliding_layers_that_drop_columns_keep_tensors_of_their_own():
     model = tiny_model("gemma3_text")
     runner = DecoderRunner(model, check_model(model))

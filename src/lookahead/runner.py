@@ -149,6 +149,9 @@ class DecoderRunner:
         key_pos = torch.stack([torch.arange(longest) - pad for pad in pads])  # [B, S] (host)
         key_pos[key_pos < 0] = -1
         self.cache = DynamicCache()  # a batch starting anew (the first, or after every sequence left)
+        self.slab = self._empty_slab(len(prompts), longest)
+        if self.slab is not None:  # the prefill writes straight into it
+            self.cache.layers[:] = self.slab.layers
         self.holes = any(pads)
         # as transformers' prefill: a 2D padding mask (the model builds the causal part), pads at position 1
         mask = _send((key_pos >= 0).long(), device) if self.holes else None
@@ -163,9 +166,18 @@ class DecoderRunner:
         )
         self.key_pos, self.trim, self.trimmed = key_pos, 0, False
         self.n_cached = torch.tensor([len(p) for p in prompts])
-        self.slab = Slab.adopt(self.cache) if self.use_slab and Slab.fits(self.cache) else None
         self._trim_sliding()
         return out.logits[:, -1]
+
+    def _empty_slab(self, batch: int, length: int) -> Slab | None:
+        """A slab for a prefill of ``batch`` prompts of up to ``length`` tokens, where the model's
+        cache fits one (``MaskSpec.cache_shape``, read off the model check's probe) in the
+        model's dtype; else None (layers of their own)."""
+        shape = self.spec.cache_shape
+        if not self.use_slab or shape is None or shape[3] != self.dtype or shape[0] != _n_layers(self.model):
+            return None
+        layers, heads, dim, dtype = shape
+        return Slab.empty(layers, batch, heads, dim, length, dtype, self.device)
 
     def admit(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
         """Prefill ``prompts`` on their own, then append them to the running batch -> their last

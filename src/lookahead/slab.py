@@ -28,6 +28,19 @@ from transformers.cache_utils import DynamicLayer
 HEADROOM = 64  # columns allocated beyond what is held, at least
 
 
+def uniform_shape(cache) -> tuple[int, int, int, torch.dtype] | None:
+    """(layers, heads, head dim, dtype) of a filled DynamicCache whose plain layers all hold keys
+    and values of one shape [B, heads, C, head dim] and dtype: what a slab can hold; else None."""
+    layers = getattr(cache, "layers", None)
+    if not layers or any(type(layer) is not DynamicLayer or not layer.is_initialized for layer in layers):
+        return None
+    kinds = {(tuple(t.shape), t.dtype) for layer in layers for t in (layer.keys, layer.values)}
+    if len(kinds) != 1 or len(next(iter(kinds))[0]) != 4:
+        return None
+    (_, heads, _, dim), dtype = next(iter(kinds))
+    return len(layers), heads, dim, dtype
+
+
 class SlabLayer(DynamicLayer):
     """A cache layer whose keys and values are views of ``slab`` (columns ``slab.start`` to its own
     ``end``); writes go in place. Each layer keeps its own end, since a forward pass updates the
@@ -113,28 +126,13 @@ class Slab:
     def end(self) -> int:
         return self.layers[0].end
 
-    @staticmethod
-    def fits(cache) -> bool:
-        """Whether every layer of ``cache`` (a filled DynamicCache) has keys and values of one shape."""
-        layers = getattr(cache, "layers", None)
-        if not layers or any(type(layer) is not DynamicLayer or not layer.is_initialized for layer in layers):
-            return False
-        shapes = {tuple(t.shape) for layer in layers for t in (layer.keys, layer.values)}
-        return len(shapes) == 1 and layers[0].keys.dim() == 4
-
     @classmethod
-    def adopt(cls, cache) -> Slab:
-        """Move the layers of ``cache`` (a DynamicCache whose layers :meth:`fits`) into a new slab
-        and make them its SlabLayers."""
-        first = cache.layers[0].keys
-        batch, heads, length, dim = first.shape
-        data = first.new_empty(2 * len(cache.layers), batch, heads, length + HEADROOM, dim)
-        for i, layer in enumerate(cache.layers):
-            data[2 * i, :, :, :length] = layer.keys
-            data[2 * i + 1, :, :, :length] = layer.values
-        slab = cls(data, 0, length)
-        cache.layers[:] = slab.layers
-        return slab
+    def empty(cls, layers: int, batch: int, heads: int, dim: int, length: int, dtype, device) -> Slab:
+        """A slab of ``layers`` layers holding nothing yet, with room for ``length`` columns and the
+        headroom, for a prefill to write into (its SlabLayers replace a fresh cache's layers), so
+        that the prompt's keys and values are written once, not copied over afterwards."""
+        data = torch.empty(2 * layers, batch, heads, length + HEADROOM, dim, dtype=dtype, device=device)
+        return cls(data, 0, 0)
 
     def _reallocate(self, rows: int, left: int, columns: int) -> None:
         """A new tensor of ``rows`` sequences and ``columns`` columns, held from column 0; what is
@@ -149,8 +147,8 @@ class Slab:
         self.data, self.start = data, 0
 
     def admit(self, newcomers) -> None:
-        """Append the sequences of ``newcomers`` (a DynamicCache whose layers :meth:`fits` this
-        slab) to the batch: both are right-aligned on the longer, the shorter left-padded with
+        """Append the sequences of ``newcomers`` (a DynamicCache whose layers have this slab's
+        shape) to the batch: both are right-aligned on the longer, the shorter left-padded with
         zeros (holes, which the mask hides). In place where the tensor has the rows and the
         columns; else one copy of what is held into a larger one."""
         count, theirs = newcomers.layers[0].keys.shape[0], newcomers.layers[0].keys.shape[2]

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from .slab import uniform_shape
+
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
 SUPPORTED_ATTENTION = ("eager", "sdpa")
 
@@ -44,6 +46,10 @@ class MaskSpec:
     keeps_logits: bool = False  # forward() takes logits_to_keep (set by check_model)
     encoder_decoder: bool = False  # lookahead runs in the decoder, over aligned linear steps
     positions: bool = True  # takes position_ids and 4D masks; False: linear steps with 2D masks
+    # (layers, heads, head dim, dtype) when the probe's cache held keys and values of one shape
+    # [B, heads, C, head dim] and dtype in every layer: a batch's cache can then be one tensor from
+    # the prefill on (lookahead.slab.uniform_shape)
+    cache_shape: tuple | None = None
 
     @property
     def linear(self) -> bool:
@@ -160,8 +166,10 @@ def check_model(model) -> MaskSpec:
             "Load it with attn_implementation='sdpa' or 'eager'."
         )
     spec = dataclasses.replace(mask_spec(config), keeps_logits=model._supports_logits_to_keep())
-    problem = _probe_full(model, spec)
-    if problem is not None:
+    problem, cache = _probe_full(model, spec)
+    if problem is None:
+        spec = dataclasses.replace(spec, cache_shape=uniform_shape(cache))
+    else:
         linear_problem = _probe_linear(model)
         if linear_problem is not None:
             raise UnsupportedModelError(
@@ -178,10 +186,10 @@ def _ids(model, count: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _probe_full(model, spec: MaskSpec) -> str | None:
+def _probe_full(model, spec: MaskSpec) -> tuple[str | None, DynamicCache | None]:
     """Feed [a, b, c] where c may see only itself, and compare c's logits with c fed alone; then
     move c to another position and check that its logits change. None when the model honours
-    both the mask and the positions; else what it lacks."""
+    both the mask and the positions; else what it lacks. With it, the first run's cache."""
     ids, dtype = _ids(model, 3), next(model.parameters()).dtype
     mask = torch.tensor([[1, 0, 0], [1, 1, 0], [0, 0, 1]], dtype=torch.bool, device=model.device)
     causal = torch.tril(torch.ones(3, 3, dtype=torch.bool, device=model.device))
@@ -205,18 +213,18 @@ def _probe_full(model, spec: MaskSpec) -> str | None:
         alone = model(input_ids=ids[:, 2:], use_cache=False).logits[0, 0].float()
         plain = model(input_ids=ids, use_cache=False).logits[0, 2].float()
     except Exception as err:  # the model's own error says what it lacks
-        return f"cannot run a forward pass with explicit position_ids and a custom 4D attention mask ({err})"
+        return f"cannot run a forward pass with explicit position_ids and a custom 4D attention mask ({err})", None
     if cache.get_seq_length() != 3:
-        return "does not fill a KV cache"
+        return "does not fill a KV cache", None
     scale = alone.abs().max().item() + 1e-6
     err_masked, err_causal = (masked - alone).abs().max().item(), (plain - alone).abs().max().item()
     if err_masked > max(0.1 * err_causal, 1e-4 * scale):
-        return f"ignores custom 4D attention masks (masked logits off by {err_masked:.3g})"
+        return f"ignores custom 4D attention masks (masked logits off by {err_masked:.3g})", None
     if (in_place - plain).abs().max().item() > 1e-3 * scale:
-        return "does not follow a custom 4D causal mask as its own"
+        return "does not follow a custom 4D causal mask as its own", None
     if (shifted - in_place).abs().max().item() <= 1e-5 * scale:
-        return "ignores position_ids (moving a token to another position leaves its logits unchanged)"
-    return None
+        return "ignores position_ids (moving a token to another position leaves its logits unchanged)", None
+    return None, cache
 
 
 @torch.no_grad()
