@@ -67,8 +67,7 @@ class JacobiWindow:
             self.levels.append(new_level)
             ngrams: list[tuple[int, ...]] = []
         else:
-            top = [t, *self.levels[0]]
-            ngrams = [(top[c], *(level[c] for level in self.levels[1:]), new_level[c]) for c in range(self.window_size)]
+            ngrams = list(zip([t, *self.levels[0]], *self.levels[1:], new_level))  # column c, top to bottom
             self.levels = self.levels[1:] + [new_level]
             self.levels[0] = self.levels[0][1:]  # t takes over column 0
         return ngrams
