@@ -283,16 +283,16 @@ def test_per_request_lookahead_settings_are_capped_and_honoured(server_a, smollm
 
 
 def test_warm_pool_raises_tokens_per_step_not_outputs(server_a, server_b):
-    """16 related requests (the same code, different edits asked), one after another: with the
+    """8 related requests (the same code, different edits asked), one after another: with the
     shared pool, later requests draw candidates from earlier outputs."""
     code = CODE[5] + "        counts[word] = counts.get(word, 0) + 1\n    return counts\n"
     asks = ["Add type hints", "Add a docstring", "Make it case-insensitive", "Ignore punctuation"]
-    prompts = [f"{code}\n# {ask} to count_words{'.' * k}\ndef count_words(" for k in range(4) for ask in asks]
+    prompts = [f"{code}\n# {ask} to count_words{'.' * k}\ndef count_words(" for k in range(2) for ask in asks]
 
     def run(server) -> tuple[list[str], float]:
         api, texts, tokens, passes = client(server), [], 0, 0
         for prompt in prompts:
-            out = api.completions.create(model="smollm2", prompt=prompt, max_tokens=48, temperature=0)
+            out = api.completions.create(model="smollm2", prompt=prompt, max_tokens=32, temperature=0)
             texts.append(out.choices[0].text)
             tokens += out.usage.completion_tokens
             passes += out.model_extra["lookahead"]["forward_passes"]
