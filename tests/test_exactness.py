@@ -53,7 +53,7 @@ def test_sliding_window_mask_matters():
     spec = check_model(model)
     assert spec.layer_types == ("sliding_attention", "full_attention") and spec.sliding_window == 8
     full_only = dataclasses.replace(spec, layer_types=("full_attention",), sliding_window=None)
-    support._checked[model] = (model.config._attn_implementation, full_only)
+    support._checked[model] = (support._checked[model][0], full_only)
     try:
         wrong = model.generate(prompt, max_new_tokens=30, do_sample=False, custom_generate=Lookahead(4, 4, 4))
     finally:

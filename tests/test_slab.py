@@ -97,6 +97,19 @@ def test_the_prefill_writes_into_the_slab_the_model_check_sized(monkeypatch):
     assert runner.slab.end == 4 and all(isinstance(layer, SlabLayer) for layer in runner.cache.layers)
 
 
+def test_a_model_cast_after_its_check_is_checked_again_and_keeps_its_slab(monkeypatch):
+    """check_model remembers its answer per dtype: after a cast to bfloat16 the slab is sized in
+    bfloat16, so the prefill still writes straight into it."""
+    model = tiny_model("llama")
+    assert check_model(model).cache_shape[3] == torch.float32
+    model.to(torch.bfloat16)
+    spec = check_model(model)
+    assert spec.cache_shape[3] == torch.bfloat16
+    runner = DecoderRunner(model, spec)
+    runner.prefill([[1, 5, 6, 7], [2, 3]])
+    assert runner.slab is not None and all(isinstance(layer, SlabLayer) for layer in runner.cache.layers)
+
+
 def test_sliding_layers_that_drop_columns_keep_tensors_of_their_own():
     model = tiny_model("gemma3_text")
     runner = DecoderRunner(model, check_model(model))

@@ -136,24 +136,26 @@ def mask_spec(config) -> MaskSpec:
     return MaskSpec(layer_types=types, sliding_window=sliding, max_positions=max_positions)
 
 
-_checked: weakref.WeakKeyDictionary[torch.nn.Module, tuple[str, MaskSpec]] = weakref.WeakKeyDictionary()
+_checked: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple[str, torch.dtype], MaskSpec]] = weakref.WeakKeyDictionary()
 
 
 def check_model(model) -> MaskSpec:
     """Refuse models that lookahead cannot run exactly; return their mask layout.
 
-    Checked once per model and attention implementation.
+    Checked once per model, attention implementation and dtype: a model cast to another dtype after
+    its first call is probed again (exactness and the cache's shape both depend on the dtype).
     """
     config = model.config
     attn = getattr(config, "_attn_implementation", None) or "eager"
+    key = (attn, next(model.parameters()).dtype)
     cached = _checked.get(model)
-    if cached is not None and cached[0] == attn:
+    if cached is not None and cached[0] == key:
         return cached[1]
     name = type(model).__name__
     if getattr(config, "is_encoder_decoder", False):
         # no custom mask or position_ids reach the decoder (see lookahead.runner): nothing to probe
         spec = dataclasses.replace(mask_spec(config), encoder_decoder=True, layer_types=("full_attention",))
-        _checked[model] = (attn, spec)
+        _checked[model] = (key, spec)
         return spec
     if getattr(model, "_is_stateful", False):
         raise UnsupportedModelError(
@@ -176,7 +178,7 @@ def check_model(model) -> MaskSpec:
                 f"{name} {problem}, and {linear_problem}: lookahead decoding cannot run it exactly."
             )
         spec = dataclasses.replace(spec, positions=False)
-    _checked[model] = (attn, spec)
+    _checked[model] = (key, spec)
     return spec
 
 
