@@ -1,5 +1,6 @@
 import pytest
 import torch
+from tiny_models import SHARED
 
 torch.set_num_threads(2)
 
@@ -30,3 +31,17 @@ def count_forwards():
     yield make
     for counter in counters:
         counter.close()
+
+
+@pytest.fixture(autouse=True)
+def shared_models_stay_as_built():
+    """tiny_model's models are shared by every test: one that casts or trains a shared model would
+    silently change what later tests compare (a bfloat16 llama left behind once broke two exactness
+    tests in other files). A test that needs to change a model changes a copy."""
+    yield
+    for model in SHARED:
+        dtypes = {param.dtype for param in model.parameters()}
+        assert dtypes == {torch.float32} and not model.training, (
+            f"a test left the shared tiny {model.config.model_type} model changed "
+            f"(dtypes {dtypes}, training={model.training}): change a copy.deepcopy of it instead"
+        )

@@ -6,6 +6,8 @@ move entries, an admission, a drop and capacity growth; every step's logits must
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from tiny_models import tiny_model
@@ -100,7 +102,7 @@ def test_the_prefill_writes_into_the_slab_the_model_check_sized(monkeypatch):
 def test_a_model_cast_after_its_check_is_checked_again_and_keeps_its_slab(monkeypatch):
     """check_model remembers its answer per dtype: after a cast to bfloat16 the slab is sized in
     bfloat16, so the prefill still writes straight into it."""
-    model = tiny_model("llama")
+    model = copy.deepcopy(tiny_model("llama"))  # the shared model must stay in float32
     assert check_model(model).cache_shape[3] == torch.float32
     model.to(torch.bfloat16)
     spec = check_model(model)

@@ -86,6 +86,9 @@ CONFIGS: dict[str, dict] = {
 SHARPEN = {"gemma3_text": (3.0, False)}  # arch -> (weight scale, scale the embeddings too)
 
 
+SHARED: list = []  # every model tiny_model handed out: tests share them, so none may change one
+
+
 @functools.cache
 def tiny_model(arch: str, seed: int = 0):
     torch.manual_seed(seed)
@@ -99,7 +102,8 @@ def tiny_model(arch: str, seed: int = 0):
         for name, param in model.named_parameters():
             if param.dim() >= 2 and (embeddings or "embed" not in name):
                 param.mul_(scale)
-    return model.eval()
+    SHARED.append(model.eval())
+    return model
 
 
 def repetitive_prompt(length: int = 24, seed: int = 0) -> torch.Tensor:
