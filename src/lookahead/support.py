@@ -136,7 +136,9 @@ def mask_spec(config) -> MaskSpec:
     return MaskSpec(layer_types=types, sliding_window=sliding, max_positions=max_positions)
 
 
-_checked: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple[str, torch.dtype], MaskSpec]] = weakref.WeakKeyDictionary()
+_checked: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple[str, torch.dtype], MaskSpec]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def check_model(model) -> MaskSpec:

@@ -67,7 +67,9 @@ class JacobiWindow:
             self.levels.append(new_level)
             ngrams: list[tuple[int, ...]] = []
         else:
-            ngrams = list(zip([t, *self.levels[0]], *self.levels[1:], new_level))  # column c, top to bottom
+            ngrams = list(
+                zip([t, *self.levels[0]], *self.levels[1:], new_level, strict=True)
+            )  # column c, top to bottom
             self.levels = self.levels[1:] + [new_level]
             self.levels[0] = self.levels[0][1:]  # t takes over column 0
         return ngrams
