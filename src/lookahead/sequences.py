@@ -118,14 +118,14 @@ def _pooled(seq: SeqState, length: int, g: int) -> list[tuple[int, ...]]:
 
 def _pick(pooled: Sequence[tuple[int, ...]], g: int, length: int) -> list[tuple[int, ...]]:
     """The first g distinct candidates once cut to ``length`` tokens."""
-    found: list[tuple[int, ...]] = []
+    found: dict[tuple[int, ...], None] = {}  # insertion-ordered, and a set for the test
     for candidate in pooled:
         candidate = tuple(candidate[:length])
         if candidate and candidate not in found:
-            found.append(candidate)
+            found[candidate] = None
             if len(found) == g:
                 break
-    return found
+    return list(found)
 
 
 def _own_g(seq: SeqState, g: int) -> int:
@@ -217,10 +217,13 @@ def plan_step(
     layout = build_layout(1, cfg.window_size, n_levels, n_candidates, cand_len)
     step_ids = []
     for seq in seqs:
-        ids = [seq.t, *seq.window.tokens(cfg.window_size, n_levels, seq.t)]
-        for k in range(n_candidates):
-            candidate = list(seq.candidates[k]) if k < len(seq.candidates) else []
-            ids += candidate + [seq.t] * (cand_len - len(candidate))  # filler: computed, never read
+        t = seq.t
+        ids = [t, *seq.window.tokens(cfg.window_size, n_levels, t)]
+        for candidate in seq.candidates:
+            ids += candidate
+            if len(candidate) < cand_len:
+                ids += [t] * (cand_len - len(candidate))  # filler: computed, never read
+        ids += [t] * (cand_len * (n_candidates - len(seq.candidates)))  # filler chains
         step_ids.append(ids)
     return layout, step_ids
 
