@@ -176,3 +176,34 @@ def test_one_lookahead_carries_its_drafting_statistics_to_the_next_call_on_the_s
     first, second, third = drafters
     assert 0 < len(first) < len(second) and second[: len(first)] == first  # carried, then its own
     assert third[: len(first)] != first  # another model starts afresh
+
+
+def test_drafts_run_past_n_minus_1_up_to_the_draft_length_and_stay_exact():
+    """N sizes the pool's n-grams; a count-drafted candidate may run to ``draft_length`` tokens
+    (issue 14), so a step can emit more than N tokens; ``draft_length`` caps it. Outputs are
+    identical to model.generate either way."""
+    longest = {}
+    for draft_length in (None, 3):
+        longest[draft_length] = 0
+        for arch in ("llama", "gpt2", "qwen2"):
+            model = tiny_model(arch)
+            for seed in range(3):
+                prompt = repetitive_prompt(48, seed)
+                expected = model.generate(prompt, max_new_tokens=60, do_sample=False)
+                lookahead = Lookahead(cost_curve=FLAT.points, draft_length=draft_length)
+                got = model.generate(prompt, max_new_tokens=60, do_sample=False, custom_generate=lookahead)
+                assert got.tolist() == expected.tolist(), f"{arch} prompt {seed} draft_length {draft_length}"
+                stats = lookahead.last_stats
+                assert stats.config.ngram_size == 4 and len(stats.accepted_hist) == stats.config.max_emitted
+                emitted = [k + 1 for k, count in enumerate(stats.accepted_hist) if count]
+                longest[draft_length] = max(longest[draft_length], *emitted)
+    assert longest[None] > 4  # past N: a drafted candidate of 4 or more tokens was accepted whole
+    assert longest[3] <= 4
+
+
+def test_draft_length_is_validated_and_caps_the_drafter():
+    with pytest.raises(ValueError, match="draft_length must be an integer >= 1"):
+        Lookahead(draft_length=0)
+    config = Lookahead(draft_length=5).config_for("cpu")
+    assert (config.ngram_size, config.draft_length, config.max_emitted) == (4, 5, 6)
+    assert Lookahead(7, 4, 7).config_for("cpu").max_emitted == 4  # fixed settings: no drafter, N caps a step

@@ -189,11 +189,12 @@ def run_bench(
 
 def _bounds(prompt: list[int], output: list[int], curve, method: Method) -> dict:
     """The clairvoyant bound on one run's text: with candidates up to BOUND_CAP tokens, and up to
-    the method's own longest (lookahead: N - 1, counting the candidates its loop had at hand)."""
+    the method's own longest (lookahead: N - 1, or its draft length where it count-drafts;
+    counting the candidates its loop had at hand)."""
     extra, own = None, method.longest
     if method.lookahead is not None:
         extra = method.lookahead.last_candidates[0] if method.lookahead.last_candidates else None
-        own = method.lookahead.last_stats.config.ngram_size - 1
+        own = method.lookahead.last_stats.config.max_emitted - 1
     bounds = clairvoyant_bounds(prompt, output, curve, caps=(BOUND_CAP, own or 0), extra=extra)
     capped = bounds[own].speedup if own is not None else None
     return {"bound": bounds[BOUND_CAP].speedup, "bound_own_cap": capped, "own_cap": own}

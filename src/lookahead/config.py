@@ -23,7 +23,8 @@ class LookaheadConfig:
 
     * ``window_size`` (W >= 0): Jacobi columns of the lookahead branch; 0 turns the branch off,
       leaving only candidates from the prompt and the text generated so far.
-    * ``ngram_size`` (N >= 2): length of the pooled n-grams; a step emits at most N tokens.
+    * ``ngram_size`` (N >= 2): length of the pooled n-grams and the window's; a step emits at
+      most N tokens, unless it was count-drafted (``draft_length``).
     * ``max_candidates`` (G >= 0): candidates verified per step, and n-grams kept per key in
       the pool; 0 turns the verification branch off.
     * ``seed_pool_from_prompt``: also pool the prompt's own n-grams (helps code, RAG, summaries).
@@ -39,6 +40,11 @@ class LookaheadConfig:
       tree node by node from how often each continuation followed the context before, as long
       as the expected tokens pay for the slots (see ``lookahead.drafting``); otherwise the
       per-step setting above is chosen for the whole step.
+    * ``draft_length`` (>= 1): the most tokens a count-drafted candidate may have. It is not tied
+      to N: N sizes the pool's and the window's n-grams (and a batch's candidates), while a drafted
+      candidate follows an earlier occurrence of the context for as long as the evidence pays for
+      its slots, so code that repeats a long span gets it verified in one step. A step then emits
+      up to ``draft_length + 1`` tokens (:attr:`max_emitted`).
     """
 
     window_size: int
@@ -50,15 +56,36 @@ class LookaheadConfig:
     token_tree: bool = True
     adaptive: bool = False
     count_drafting: bool = True
+    draft_length: int = 7
 
     def __post_init__(self) -> None:
         for name, value, low in (
             ("window_size (W)", self.window_size, 0),
             ("ngram_size (N)", self.ngram_size, 2),
             ("max_candidates (G)", self.max_candidates, 0),
+            ("draft_length", self.draft_length, 1),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+
+    @property
+    def drafts(self) -> bool:
+        """Whether a sequence running alone may be count-drafted (``lookahead.drafting``): adaptive
+        settings with count drafting and token trees, no window, some candidates. (The model must
+        take position_ids too, and the batch must be one sequence: see ``decoding.make_drafter``.)"""
+        return (
+            self.adaptive
+            and self.count_drafting
+            and self.token_tree
+            and not self.window_size
+            and self.max_candidates > 0
+        )
+
+    @property
+    def max_emitted(self) -> int:
+        """The most tokens one step emits for a sequence: N, or a count-drafted candidate and its
+        bonus token."""
+        return max(self.ngram_size, self.draft_length + 1) if self.drafts else self.ngram_size
 
     @classmethod
     def default_for(cls, device: torch.device | str, **overrides) -> LookaheadConfig:

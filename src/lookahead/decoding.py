@@ -72,6 +72,7 @@ class Lookahead:
         context_lookup: bool = True,
         token_tree: bool = True,
         count_drafting: bool = True,
+        draft_length: int | None = None,
         adaptive: bool | None = None,
         cost_curve: CostCurve | Sequence[tuple[int, float]] | None = None,
         record_candidates: bool = False,
@@ -85,6 +86,7 @@ class Lookahead:
             "context_lookup": context_lookup,
             "token_tree": token_tree,
             "count_drafting": count_drafting,
+            "draft_length": draft_length,  # None: the config's default
             # auto settings adapt; explicit W/N/G run exactly as asked unless adaptive=True
             "adaptive": adaptive if adaptive is not None else (window_size, ngram_size, max_candidates) == (None,) * 3,
         }
@@ -154,7 +156,7 @@ class Lookahead:
         validate_call(input_ids, generation_config, synced_gpus, model_kwargs, streamer, logits_processor)
         cfg = settle(self.config_for(model.device), spec, self._overrides)
         batch = input_ids.shape[0]
-        stats = LookaheadStats(config=cfg, accepted_hist=[0] * cfg.ngram_size, batch_size=batch)
+        stats = LookaheadStats(config=cfg, accepted_hist=[0] * cfg.max_emitted, batch_size=batch)
         self.last_stats = stats
         want = generation_config.return_dict_in_generate
         has_eos = any(hasattr(criterion, "eos_token_id") for criterion in stopping_criteria)
@@ -285,11 +287,9 @@ def make_chooser(
 def make_drafter(cfg: LookaheadConfig, spec: MaskSpec, batch: int, curve: CostCurve | None) -> TreeDrafter | None:
     """The count-based drafter (``lookahead.drafting``) where it applies: adaptive settings with
     ``count_drafting``, one sequence, token trees, no window, a model taking position_ids; else None."""
-    if not (cfg.adaptive and cfg.count_drafting and cfg.token_tree) or curve is None:
+    if not cfg.drafts or curve is None or batch != 1 or spec.linear:
         return None
-    if batch != 1 or cfg.window_size or cfg.max_candidates == 0 or spec.linear:
-        return None
-    return TreeDrafter(curve, max_nodes=cfg.max_candidates * (cfg.ngram_size - 1), max_leaves=cfg.max_candidates)
+    return TreeDrafter(curve, max_nodes=cfg.max_candidates * (cfg.max_emitted - 1), max_leaves=cfg.max_candidates)
 
 
 def model_cost_curve(model, spec: MaskSpec | None = None) -> CostCurve:

@@ -239,10 +239,11 @@ def plan_tree(seq: SeqState, cfg: LookaheadConfig, n_levels: int = 0) -> tuple[S
 
 def draft_sources(seq: SeqState, cfg: LookaheadConfig, spec: MaskSpec, limit: int) -> tuple[int, list]:
     """What :class:`lookahead.drafting.TreeDrafter` drafts from: the longest a candidate may be
-    (N - 1, fewer near the sequence's limit), and (level, continuation) pairs: every earlier
+    (``cfg.max_emitted - 1``: the draft length, fewer near the sequence's limit or under its own
+    cap on N), and (level, continuation) pairs: every earlier
     occurrence of the context's repeated suffix (level = the suffix's length), then the pooled
     n-grams starting with t and the shared pool's continuations (level 0)."""
-    cap = max(0, _cap(seq, cfg.ngram_size, spec, limit))
+    cap = max(0, _cap(seq, cfg.max_emitted, spec, limit))
     if cap == 0:
         return 0, []
     sources = seq.context.occurrences(seq.committed, cap) if seq.context is not None else []

@@ -106,7 +106,7 @@ class Service:
             raise ValueError("the server runs decoder-only models (requests join a batch mid-way)")
         self.spec = spec
         self.cfg = cfg = settle(cfg, spec)  # models without position_ids take linear steps
-        self.stats = LookaheadStats(config=cfg, accepted_hist=[0] * cfg.ngram_size)
+        self.stats = LookaheadStats(config=cfg, accepted_hist=[0] * cfg.max_emitted)
         chooser = make_chooser(model, cfg, spec, 1)
         chooser.learn_costs = True  # outputs never depend on step shapes here (see WidthChooser)
         # a lone request's steps are drafted token by token, as Lookahead() drafts them; the drafter's
@@ -206,7 +206,8 @@ class Service:
         ids = torch.tensor([request.prompt_ids], device=self.model.device)
         max_length = len(request.prompt_ids) + request.max_tokens
         seq = new_sequence(cfg, 0, ids, request.prompt_ids, max_length, full_window=True, shared=self.shared_pool)
-        seq.max_candidates, seq.ngram_size = g, n
+        # a request's own N caps its drafts too; without one, drafts run to the server's draft length
+        seq.max_candidates, seq.ngram_size = g, (n if request.lookahead else None)
         seq.criteria = StoppingCriteriaList([EosTokenCriteria(self.eos)]) if self.eos else None
         if request.temperature > 0:
             warpers = [TemperatureLogitsWarper(request.temperature)]
