@@ -11,7 +11,8 @@ change is judged in minutes, on every cost curve of interest, with no clock invo
 
 Curves: ``stored`` (this machine's measured bf16 curve, from ``$LOOKAHEAD_CACHE``), ``steep`` (a
 slow 2-core CPU in bf16: T(k)/T(1) = 2.25, 3.0, 4.8, 7.6 for k = 2, 4, 8, 16, measured 2026-12-02),
-``flat`` (a faster one: 1.23, 1.68, 1.68, 2.14, measured 2026-12-01) and ``gpu`` (nearly free width:
+``flat`` (a faster one: 1.23, 1.68, 1.68, 2.14, measured 2026-12-01), ``mid`` (1.44, 2.04, 3.32,
+5.82, stored here 2026-12-02) and ``gpu`` (nearly free width:
 1.02, 1.04, 1.08, 1.15). Policies: ``auto`` (``Lookahead()``) and any named in ``POLICIES``.
 """
 
@@ -32,6 +33,8 @@ from lookahead.runner import DecoderRunner
 CURVES = {  # T(k)/T(1) at k = 1, 2, 4, 8, 16, 32
     "steep": ((1, 1.0), (2, 2.25), (4, 3.02), (8, 4.77), (16, 7.65), (32, 14.8)),
     "flat": ((1, 1.0), (2, 1.23), (4, 1.68), (8, 1.68), (16, 2.14), (32, 4.0)),
+    # this machine's stored bf16 curve of 2026-12-02 (later), between steep and flat
+    "mid": ((1, 1.0), (2, 1.44), (4, 2.04), (8, 3.32), (16, 5.82), (32, 11.0)),
     "gpu": ((1, 1.0), (2, 1.02), (4, 1.04), (8, 1.08), (16, 1.15), (32, 1.3)),
 }
 POLICIES = {  # name -> Lookahead keyword arguments

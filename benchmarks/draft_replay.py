@@ -1,0 +1,214 @@
+"""A drafting policy's modeled speed and share of the clairvoyant bound, in seconds, not minutes.
+
+``benchmarks/policy_share.py`` runs the model for every policy. Here the model runs once per
+prompt (plain greedy, to get its text, kept in ``--texts``); every policy is then *replayed* over
+those texts with an oracle in place of the forward pass: the greedy choice at each slot of a step
+is the text's next token at that slot's position. Along the path verification follows (t, then
+every candidate token the model agreed with) that is exactly the model's own choice, since this is
+its greedy text; so the policy takes the same steps as on the model (it was checked on three
+HumanEval prompts in bf16: same texts, 0-1 steps apart per prompt), and each step is priced with
+a cost curve as ``policy_share.py`` prices it. 40 prompts x 256 tokens replay in about 10 s.
+
+It cannot replay the Jacobi window (its guesses are the model's, off the text's path): use it for
+policies without one (the CPU default).
+
+    .venv/bin/python benchmarks/draft_replay.py                           # Lookahead(), stored curve
+    .venv/bin/python benchmarks/draft_replay.py --curves stored steep flat gpu \\
+        --policies auto '{"draft_length": 3}' '{"_drafter": {"probe_overhead": 0.05}}'
+    .venv/bin/python benchmarks/draft_replay.py --batch 4 --policies auto \\
+        '{"window_size": 0, "ngram_size": 8, "max_candidates": 4, "adaptive": true}'
+
+A policy is a name from ``policy_share.POLICIES`` or a JSON object of ``Lookahead`` keyword
+arguments (``"_drafter"``: ``TreeDrafter`` arguments). ``--batch B`` replays groups of B prompts
+through one batched call and reports the modeled speedup per group (plain decoding of a batch
+takes as many steps as its longest output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import transformers
+
+sys.path.insert(0, str(Path(__file__).parent))
+import policy_share  # noqa: E402  (the curves and named policies)
+
+from lookahead import Lookahead, datasets, decoding, models  # noqa: E402
+from lookahead.bound import clairvoyant_bounds  # noqa: E402
+from lookahead.drafting import TreeDrafter  # noqa: E402
+from lookahead.runner import DecoderRunner  # noqa: E402
+
+
+class Oracle:
+    """Stands in for the model inside :class:`DecoderRunner`: answers each slot with the true
+    text's next token, and prices every step with ``curve``."""
+
+    def __init__(self, vocab: int) -> None:
+        self.vocab = vocab
+        self.texts: dict[tuple[int, ...], list[int]] = {}  # prompt -> prompt + greedy output
+        self.curve = None
+        self.cost = 0.0  # plain steps' worth of forward passes since the last reset
+
+    def logits(self, choices: list[list[int]]) -> torch.Tensor:  # [B][K] -> [B, K, V]
+        index = torch.tensor(choices)
+        out = torch.zeros(*index.shape, self.vocab, dtype=torch.bfloat16)
+        return out.scatter_(-1, index[..., None], 1.0)
+
+    def install(self) -> None:
+        oracle = self
+
+        def after(text: list[int], position: int) -> int:
+            return text[position + 1] if position + 1 < len(text) else 0
+
+        def prefill(runner, prompts):
+            runner.n_cached = [len(p) for p in prompts]
+            runner.texts = [oracle.texts[tuple(p)] for p in prompts]
+            firsts = [[after(text, len(p) - 1)] for text, p in zip(runner.texts, prompts, strict=True)]
+            return oracle.logits(firsts)[:, 0]
+
+        def step(runner, layout, step_ids):
+            oracle.cost += oracle.curve.ratio(layout.length, len(step_ids))
+            offsets, slots = layout.positions.tolist(), layout.logit_slots.tolist()
+            rows = zip(runner.texts, runner.n_cached, strict=True)
+            return oracle.logits([[after(text, n + offsets[s]) for s in slots] for text, n in rows])
+
+        def commit(runner, layout, picks):
+            runner.n_cached = [n + kept for n, (_, kept) in zip(runner.n_cached, picks, strict=True)]
+
+        def select(runner, keep):
+            runner.n_cached = [runner.n_cached[i] for i in keep]
+            runner.texts = [runner.texts[i] for i in keep]
+
+        DecoderRunner.prefill, DecoderRunner.step = prefill, step
+        DecoderRunner.commit, DecoderRunner.select = commit, select
+
+
+def greedy_texts(path: Path, model, tokenizer, names: list[str], n: int, new: int) -> list[dict]:
+    """Plain greedy outputs of the first n prompts of each dataset, made once and kept in ``path``."""
+    if path.exists():
+        rows = json.loads(path.read_text())
+        if all(sum(r["dataset"] == name for r in rows) >= n for name in names):
+            return rows
+    rows = []
+    for name in names:
+        for prompt in datasets.load(name, n):
+            inputs = datasets.encode(tokenizer, prompt)
+            ids = inputs["input_ids"][0].tolist()
+            out = model.generate(**inputs, max_new_tokens=new, do_sample=False)
+            rows.append({"dataset": name, "prompt": prompt.id, "ids": ids, "output": out[0, len(ids) :].tolist()})
+            print(f"  greedy text {name} {prompt.id}: {len(rows[-1]['output'])} tokens", flush=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rows))
+    return rows
+
+
+def policy_options(policy: str) -> tuple[dict, dict]:
+    options = dict(policy_share.POLICIES[policy]) if policy in policy_share.POLICIES else json.loads(policy)
+    return options, options.pop("_drafter", {})
+
+
+def curve_named(name: str, model_name: str):
+    return policy_share.load_curve(name, model_name)
+
+
+def replay_single(model, oracle: Oracle, rows: list[dict], la: Lookahead, new: int) -> list[dict]:
+    out = []
+    for row in rows:
+        ids, output = row["ids"], row["output"][:new]
+        oracle.texts[tuple(ids)] = ids + output
+        oracle.cost = 0.0
+        inputs = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long)}
+        got = model.generate(**inputs, max_new_tokens=new, do_sample=False, custom_generate=la)
+        assert got[0, len(ids) :].tolist() == output, f"{row['prompt']}: the replay left the greedy text"
+        bounds = clairvoyant_bounds(ids, output, oracle.curve, caps=(7, 3), extra=la.last_candidates[0])
+        speedup = (len(output) - 1) / oracle.cost if oracle.cost else 1.0
+        out.append({"prompt": row["prompt"], "speedup": speedup, "bound7": bounds[7].speedup,
+                    "bound3": bounds[3].speedup, "tokens_per_step": la.last_stats.tokens_per_step,
+                    "settings": la.last_stats.settings})  # fmt: skip
+    return out
+
+
+def replay_batches(model, oracle: Oracle, rows: list[dict], la: Lookahead, new: int, batch: int) -> list[dict]:
+    out = []
+    for start in range(0, len(rows) - batch + 1, batch):
+        group = rows[start : start + batch]
+        for row in group:
+            oracle.texts[tuple(row["ids"])] = row["ids"] + row["output"][:new]
+        longest = max(len(r["ids"]) for r in group)
+        ids = torch.tensor([[0] * (longest - len(r["ids"])) + r["ids"] for r in group])
+        mask = torch.tensor([[0] * (longest - len(r["ids"])) + [1] * len(r["ids"]) for r in group])
+        oracle.cost = 0.0
+        got = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, do_sample=False,
+                             custom_generate=la, pad_token_id=0)  # fmt: skip
+        for b, row in enumerate(group):
+            output = row["output"][:new]
+            assert got[b, longest : longest + len(output)].tolist() == output, f"{row['prompt']}: left the text"
+        plain = max(len(r["output"][:new]) for r in group) - 1  # a batch steps until its longest stops
+        out.append({"prompts": [r["prompt"] for r in group], "speedup": plain / oracle.cost})
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--dtype", default="bfloat16", help="of the greedy texts")
+    parser.add_argument("--datasets", nargs="+", default=["humaneval", "mtbench"])
+    parser.add_argument("--n", type=int, default=20)
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--texts", help="greedy texts, made once (default: results/greedy-texts-...json)")
+    parser.add_argument("--curves", nargs="+", default=["stored"])
+    parser.add_argument("--policies", nargs="+", default=["auto"])
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--per-prompt", action="store_true")
+    parser.add_argument("--json", help="write every replay here")
+    args = parser.parse_args()
+    transformers.utils.logging.set_verbosity_error()
+    model, tokenizer = models.load(args.model, dtype=args.dtype)
+    texts = Path(args.texts or f"results/greedy-texts-{args.model}-{args.dtype}-{args.n}x{args.max_new_tokens}.json")
+    rows = greedy_texts(texts, model, tokenizer, args.datasets, args.n, args.max_new_tokens)
+    oracle = Oracle(model.config.get_text_config().vocab_size)
+    oracle.install()
+    results = []
+    print("| curve | dataset | policy | modeled speedup (median) | bound, cap 7 | share | bound, cap 3 | tokens/step |")
+    print("|---|---|---|---|---|---|---|---|")
+    for curve_name in args.curves:
+        oracle.curve = curve_named(curve_name, args.model)
+        for name in args.datasets:
+            mine = [r for r in rows if r["dataset"] == name][: args.n]
+            for policy in args.policies:
+                options, drafter = policy_options(policy)
+                decoding.TreeDrafter = functools.partial(TreeDrafter, **drafter)
+                # one instance per policy and dataset, reused prompt after prompt, as a workload would
+                la = Lookahead(**options, cost_curve=oracle.curve, record_candidates=True)
+                if args.batch > 1:
+                    runs = replay_batches(model, oracle, mine, la, args.max_new_tokens, args.batch)
+                    speed = statistics.median(r["speedup"] for r in runs)
+                    print(f"| {curve_name} | {name} | {policy} (batch {args.batch}) | {speed:.3f}x | - | - | - | - |")
+                else:
+                    runs = replay_single(model, oracle, mine, la, args.max_new_tokens)
+                    speed = statistics.median(r["speedup"] for r in runs)
+                    b7 = statistics.median(r["bound7"] for r in runs)
+                    b3 = statistics.median(r["bound3"] for r in runs)
+                    tps = statistics.mean(r["tokens_per_step"] for r in runs)
+                    print(f"| {curve_name} | {name} | {policy} | {speed:.3f}x | {b7:.3f}x | {speed / b7:.0%} | "
+                          f"{b3:.3f}x | {tps:.2f} |", flush=True)  # fmt: skip
+                    if args.per_prompt:
+                        for r in runs:
+                            share = r["speedup"] / r["bound7"]
+                            print(f"|  |  | {r['prompt']} | {r['speedup']:.3f}x | {r['bound7']:.3f}x | {share:.0%} | "
+                                  f"{r['bound3']:.3f}x | {r['tokens_per_step']:.2f} |")  # fmt: skip
+                results.append({"curve": curve_name, "dataset": name, "policy": policy, "batch": args.batch,
+                                "runs": runs})  # fmt: skip
+    decoding.TreeDrafter = TreeDrafter
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
