@@ -113,10 +113,6 @@ def policy_options(policy: str) -> tuple[dict, dict]:
     return options, options.pop("_drafter", {})
 
 
-def curve_named(name: str, model_name: str):
-    return policy_share.load_curve(name, model_name)
-
-
 def replay_single(model, oracle: Oracle, rows: list[dict], la: Lookahead, new: int) -> list[dict]:
     out = []
     for row in rows:
@@ -178,7 +174,7 @@ def main() -> None:
     print("| curve | dataset | policy | modeled speedup (median) | bound, cap 7 | share | bound, cap 3 | tokens/step |")
     print("|---|---|---|---|---|---|---|---|")
     for curve_name in args.curves:
-        oracle.curve = curve_named(curve_name, args.model)
+        oracle.curve = policy_share.load_curve(curve_name, args.model)
         for name in args.datasets:
             mine = [r for r in rows if r["dataset"] == name][: args.n]
             for policy in args.policies:
