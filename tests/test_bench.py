@@ -1,11 +1,13 @@
 """`lookahead bench` end to end on a tiny saved checkpoint: tables, JSON and plots are written."""
 
 import json
+import statistics
 import time
 
 import pytest
 from tiny_models import char_tokenizer, tiny_model
 
+from lookahead import bench, datasets
 from lookahead.cli import main
 
 
@@ -111,3 +113,34 @@ def test_device_option_refuses_what_this_machine_lacks(capsys):
     if not torch.cuda.is_available():
         assert main(["generate", "x", "--device", "cuda"]) == 1
         assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_bench_repeats_time_each_prompt_in_rotated_rounds(monkeypatch):
+    """--repeats: each prompt's methods are timed R times, each round starting one method later,
+    and a run's seconds are the median of its timings; outputs come from the first round."""
+    model, tokenizer = tiny_model("llama"), char_tokenizer()
+    prompts = [datasets.Prompt("p0", "abcabcabcabc", False), datasets.Prompt("p1", "xyzxyzxyzxyz", False)]
+    methods = bench.methods_for(2, 3, 2)  # greedy, prompt lookup, Lookahead(), Lookahead(2, 3, 2)
+
+    def label(kwargs: dict) -> str:  # which method a generate call is (greedy: none of the others)
+        others = [m for m in methods[1:] if all(kwargs.get(k) is v for k, v in m.kwargs().items())]
+        return others[0].name if others else methods[0].name
+
+    calls = []
+    real = type(model).generate
+
+    def generate(self, *args, **kwargs):
+        calls.append(label(kwargs))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(model), "generate", generate)
+    runs = bench.run_bench(model, tokenizer, prompts, methods, 8, progress=False, repeats=3)
+    assert len(runs) == 2 * len(methods)
+    for run in runs:
+        assert len(run.repeat_seconds) == 3 and run.seconds == statistics.median(run.repeat_seconds)
+        assert run.identical  # fp32 tiny model: every method reproduces greedy
+    names = [m.name for m in methods]
+    rounds = names + names[1:] + names[:1] + names[2:] + names[:2]  # each round starts one method later
+    assert calls == names + rounds + rounds  # the warm-up, then both prompts
+    with pytest.raises(ValueError, match="repeats must be at least 1"):
+        bench.run_bench(model, tokenizer, prompts, methods, 8, progress=False, repeats=0)

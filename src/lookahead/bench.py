@@ -49,6 +49,7 @@ class Run:
     accepted_hist: list[int] = field(default_factory=list)
     wide_share: float | None = None  # share of lookahead steps that were wide (the rest: plain)
     settings: dict[str, int] | None = None  # steps per setting the tuner chose ("plain", "G=1,N=4", ...)
+    repeat_seconds: list[float] = field(default_factory=list)  # every timing of this call; seconds: their median
     bound: float | None = None  # the clairvoyant speedup on this run's text (batch 1; see lookahead.bound)
     bound_own_cap: float | None = None  # the same with candidates no longer than the method's own
     own_cap: int | None = None  # the method's longest candidate (lookahead: N - 1)
@@ -131,11 +132,20 @@ def run_bench(
     max_new_tokens: int,
     progress: bool = True,
     batch_size: int = 1,
+    repeats: int = 1,
 ) -> list[Run]:
     """Every method on every batch of ``batch_size`` prompts, alternating; one Run per (batch,
-    method). Methods that cannot batch are left out when ``batch_size > 1``."""
+    method). Methods that cannot batch are left out when ``batch_size > 1``.
+
+    ``repeats``: each batch's methods are timed that many times, in rounds, each round starting
+    one method later (a machine whose speed drifts would otherwise favour whoever runs last), and
+    a Run's ``seconds`` is the median. Outputs, tokens and step statistics are the first round's.
+    A later round times the same call again. The text is the same, but ``Lookahead()`` carries its
+    drafting statistics from call to call, so a later round's steps can differ slightly."""
     from tqdm.auto import tqdm
 
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
     methods = [m for m in methods if batch_size == 1 or m.batches]
     eos = model.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
@@ -145,19 +155,27 @@ def run_bench(
     warmup = datasets.encode_batch(tokenizer, groups[0])
     for method in methods:  # first calls pay one-time costs (allocations, the model probe)
         model.generate(**{k: v.to(model.device) for k, v in warmup.items()}, max_new_tokens=4, **method.kwargs())
-    bar = tqdm(total=len(groups) * len(methods), disable=not progress, unit="run", desc=f"bench (batch {batch_size})")
+    total = len(groups) * len(methods) * repeats
+    bar = tqdm(total=total, disable=not progress, unit="run", desc=f"bench (batch {batch_size})")
+
+    def timed(method: Method, inputs: dict) -> tuple[torch.Tensor, float, float]:
+        kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, **method.kwargs())
+        with PeakMemory(model.device) as memory:
+            start = time.perf_counter()
+            out = model.generate(**inputs, **kwargs)
+            if model.device.type == "cuda":
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - start
+        bar.update()
+        return out, seconds, memory.peak
+
     for group in groups:
         inputs = {k: v.to(model.device) for k, v in datasets.encode_batch(tokenizer, group).items()}
         start_len = inputs["input_ids"].shape[1]
         reference = None
+        mine: list[Run] = []
         for method in methods:
-            kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, **method.kwargs())
-            with PeakMemory(model.device) as memory:
-                start = time.perf_counter()
-                out = model.generate(**inputs, **kwargs)
-                if model.device.type == "cuda":
-                    torch.cuda.synchronize()
-                seconds = time.perf_counter() - start
+            out, seconds, peak = timed(method, inputs)
             if reference is None:
                 reference = out  # greedy runs first
             stats = method.lookahead.last_stats if method.lookahead else None
@@ -167,22 +185,29 @@ def run_bench(
                 bounds = _bounds(
                     inputs["input_ids"][0].tolist(), out[0, start_len:].tolist()[:new_tokens], curve, method
                 )
-            runs.append(
+            mine.append(
                 Run(
                     method=method.name,
                     prompt="+".join(p.id for p in group),
                     new_tokens=new_tokens,
                     seconds=seconds,
                     identical=out.shape == reference.shape and bool((out == reference).all()),
-                    peak_mb=memory.peak,
+                    peak_mb=peak,
                     tokens_per_step=stats.tokens_per_step if stats else None,
                     accepted_hist=list(stats.accepted_hist) if stats else [],
                     wide_share=stats.wide_steps / max(1, stats.steps - 1) if stats else None,
                     settings=dict(stats.settings) if stats else None,
                     **bounds,
+                    repeat_seconds=[seconds],
                 )
             )
-            bar.update()
+        for round_ in range(1, repeats):
+            shift = round_ % len(methods)
+            for i in [*range(shift, len(methods)), *range(shift)]:
+                mine[i].repeat_seconds.append(timed(methods[i], inputs)[1])
+        for run in mine:
+            run.seconds = statistics.median(run.repeat_seconds)
+        runs += mine
     bar.close()
     return runs
 
@@ -372,9 +397,11 @@ def write_report(runs: list[Run], out_dir: Path, name: str, meta: dict) -> tuple
     rows = summarize(runs)
     meta = {**meta, "load_average": os.getloadavg()[0], "torch_threads": torch.get_num_threads()}
     batch = f", batch {meta['batch_size']}" if meta.get("batch_size", 1) > 1 else ""
+    timed = f", median of {meta['repeats']} timings" if meta.get("repeats", 1) > 1 else ""
     table = markdown(
         rows,
-        f"{name} ({meta['model']}, {meta['dtype']}, {meta['n']} prompts, {meta['max_new_tokens']} new tokens{batch})",
+        f"{name} ({meta['model']}, {meta['dtype']}, {meta['n']} prompts, {meta['max_new_tokens']} new tokens"
+        f"{batch}{timed})",
     )
     (out_dir / f"{name}.json").write_text(
         json.dumps({"meta": meta, "summary": rows, "runs": [r.__dict__ for r in runs]}, indent=1)

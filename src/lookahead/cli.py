@@ -68,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=[1],
         help="prompts per generate call; several values give a throughput table by batch size (default: 1)",
     )
+    bench.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="time each prompt's methods this many times, in rotated order, and take the median (default: 1)",
+    )
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching")
     serve.add_argument("--model", default=models.DEFAULT_MODEL, help="as for generate (default: %(default)s)")
@@ -203,8 +209,8 @@ def _bench(args) -> int:
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    if args.n < 1 or args.max_new_tokens < 1 or min(args.batch_size) < 1:
-        raise ValueError("--n, --max-new-tokens and --batch-size must be at least 1")
+    if args.n < 1 or args.max_new_tokens < 1 or min(args.batch_size) < 1 or args.repeats < 1:
+        raise ValueError("--n, --max-new-tokens, --batch-size and --repeats must be at least 1")
     bench.methods_for(args.window_size, args.ngram_size, args.max_candidates)  # validates W/N/G before the load
     suites = {name: datasets.load(name, args.n) for name in args.datasets}  # fail early on a bad name
     model, tokenizer = models.load(args.model, dtype=args.dtype, device=_device(args.device))
@@ -217,7 +223,14 @@ def _bench(args) -> int:
             # from call to call, so each workload starts from the priors rather than another's
             methods = bench.methods_for(args.window_size, args.ngram_size, args.max_candidates)
             runs = bench.run_bench(
-                model, tokenizer, prompts, methods, args.max_new_tokens, not args.no_progress, batch_size=batch
+                model,
+                tokenizer,
+                prompts,
+                methods,
+                args.max_new_tokens,
+                not args.no_progress,
+                batch_size=batch,
+                repeats=args.repeats,
             )
             report = label if args.batch_size == [1] else f"{label}-batch{batch}"
             meta = dict(
@@ -227,6 +240,7 @@ def _bench(args) -> int:
                 n=len(prompts),
                 max_new_tokens=args.max_new_tokens,
                 batch_size=batch,
+                repeats=args.repeats,
             )
             table, by_batch[batch] = bench.write_report(runs, out, report, meta)
             print(table)
