@@ -52,7 +52,9 @@ def replay(cache_type, row: dict, curve, cap: int, min_prob: float, tree: bool) 
         tokens, parents = (draft.token_ids, draft.parents) if draft is not None else ([], [])
         accepted, node = 0, -1  # walk the draft tree along the text (node -1: the root)
         while p + accepted < len(text):
-            node = next((i for i, (t, up) in enumerate(zip(tokens, parents)) if up == node and t == text[p + accepted]), None)
+            node = next(
+                (i for i, (t, up) in enumerate(zip(tokens, parents)) if up == node and t == text[p + accepted]), None
+            )
             if node is None:
                 break
             accepted += 1

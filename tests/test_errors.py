@@ -87,8 +87,29 @@ def test_filled_cache_is_refused():
         generate(model, repetitive_prompt(12), cache=cache)
 
 
-def test_state_space_model_is_refused():
-    config = AutoConfig.for_model("mamba", vocab_size=64, hidden_size=32, state_size=4, num_hidden_layers=1)
+@pytest.mark.parametrize(
+    "arch, sizes",
+    [
+        ("mamba", dict(state_size=4, num_hidden_layers=1)),
+        # a hybrid: one Mamba layer, one attention layer; its recurrent layer is enough to refuse it
+        (
+            "jamba",
+            dict(
+                num_hidden_layers=2,
+                attn_layer_period=2,
+                attn_layer_offset=1,
+                num_attention_heads=2,
+                num_key_value_heads=2,
+                intermediate_size=32,
+                num_experts=2,
+                mamba_d_state=4,
+                mamba_expand=1,
+            ),
+        ),
+    ],
+)
+def test_state_space_model_is_refused(arch, sizes):
+    config = AutoConfig.for_model(arch, vocab_size=64, hidden_size=32, **sizes)
     model = AutoModelForCausalLM.from_config(config).eval()
     with pytest.raises(UnsupportedModelError, match="state-space"):
         model.generate(torch.tensor([[5, 6, 7]]), custom_generate=Lookahead(), max_new_tokens=3)

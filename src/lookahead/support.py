@@ -30,6 +30,9 @@ from .slab import uniform_shape
 
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
 SUPPORTED_ATTENTION = ("eager", "sdpa")
+# layer kinds that carry a recurrent state (transformers 5.25+ names Mamba, GDN and the like
+# "linear_attention", short convolutions "conv", mixed layers "hybrid"; "mamba" is the old name)
+RECURRENT_LAYER_TYPES = ("linear_attention", "conv", "hybrid", "hybrid_sliding", "mamba")
 
 
 class UnsupportedModelError(ValueError):
@@ -159,9 +162,13 @@ def check_model(model) -> MaskSpec:
         spec = dataclasses.replace(mask_spec(config), encoder_decoder=True, layer_types=("full_attention",))
         _checked[model] = (key, spec)
         return spec
-    if getattr(model, "_is_stateful", False):
+    declared = getattr(config.get_text_config(decoder=True), "layer_types", None) or ()
+    recurrent = sorted({t for t in declared if t in RECURRENT_LAYER_TYPES})
+    if getattr(model, "_is_stateful", False) or recurrent:  # the flag before 5.25, the layer types since
         raise UnsupportedModelError(
-            f"{name} is a recurrent / state-space model: its state cannot be rolled back per token "
+            f"{name} is a recurrent / state-space model"
+            + (f" (its layers include {', '.join(recurrent)})" if recurrent else "")
+            + ": its state cannot be rolled back per token "
             "and it takes no token-level attention mask, so lookahead decoding cannot run on it."
         )
     if attn not in SUPPORTED_ATTENTION:
