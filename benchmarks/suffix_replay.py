@@ -52,9 +52,8 @@ def replay(cache_type, row: dict, curve, cap: int, min_prob: float, tree: bool) 
         tokens, parents = (draft.token_ids, draft.parents) if draft is not None else ([], [])
         accepted, node = 0, -1  # walk the draft tree along the text (node -1: the root)
         while p + accepted < len(text):
-            node = next(
-                (i for i, (t, up) in enumerate(zip(tokens, parents)) if up == node and t == text[p + accepted]), None
-            )
+            pairs = enumerate(zip(tokens, parents, strict=True))
+            node = next((i for i, (t, up) in pairs if up == node and t == text[p + accepted]), None)
             if node is None:
                 break
             accepted += 1

@@ -9,7 +9,7 @@ import torch
 from tiny_models import CONFIGS, repetitive_prompt, tiny_model
 
 from lookahead import Lookahead
-from lookahead.drafting import TreeDrafter, _trie
+from lookahead.drafting import TreeDrafter, _trie, span_band
 from lookahead.lookup import ContextIndex
 from lookahead.support import check_model
 from lookahead.tuning import PLAIN, CostCurve
@@ -43,6 +43,42 @@ def test_occurrences_count_each_earlier_place_once_at_its_longest_suffix():
     index.extend(text)
     # "1 2 3" ended at 2 (level 3), "2 3" also at 6 (level 2); "3" adds nothing new
     assert index.occurrences(text, 2) == [(3, (9, 5)), (2, (7, 1))]
+
+
+def test_occurrences_report_how_far_back_the_context_matches_up_to_the_reach():
+    index = ContextIndex(max_suffix=3)
+    #       0  1  2  3  4  5  6  7  8  9 10 11 12 13 14 15
+    text = [4, 1, 2, 3, 9, 5, 8, 2, 3, 7, 4, 1, 2, 3]
+    index.extend(text)
+    # "1 2 3" ended at 3, and "4 1 2 3" matches there too (4 back); "2 3" also ended at 8
+    assert index.occurrences(text, 2) == [(3, (9, 5)), (2, (7, 4))]
+    assert index.occurrences(text, 2, reach=8) == [(4, (9, 5)), (2, (7, 4))]
+    assert index.occurrences(text, 2, reach=4) == [(4, (9, 5)), (2, (7, 4))]
+    assert index.occurrences(text, 2, reach=3) == [(3, (9, 5)), (2, (7, 4))]
+    # a span running back to the text's first token stops there
+    text = [1, 2, 3, 6, 1, 2, 3]
+    index = ContextIndex(max_suffix=3)
+    index.extend(text)
+    assert index.occurrences(text, 1, reach=32) == [(3, (6,))]
+
+
+def test_span_bands():
+    assert [span_band(s) for s in (0, 1, 2, 3, 4, 7, 8, 15, 16, 40)] == [0, 1, 2, 3, 4, 4, 8, 8, 16, 16]
+
+
+def test_long_spans_learn_their_own_rate_apart_from_short_ones():
+    """A copy of a long span and a chance 3-token match have their own buckets: after the model
+    accepts the one and rejects the other, only the long span's continuation is drafted."""
+    curve = CostCurve(((1, 1.0), (2, 1.5), (4, 2.0), (8, 3.0)))
+    drafter = TreeDrafter(curve, max_nodes=3, max_leaves=1, probe_every=10**6)
+    for _ in range(30):
+        long = drafter.draft([(20, (3, 4, 5))], cap=3)
+        drafter.record(long, [3, 4, 5, 6])
+        short = drafter.draft([(3, (7, 8, 9))], cap=3)
+        drafter.record(short, [1])
+    assert drafter.draft([(20, (3, 4, 5))], cap=3).candidates == [(3, 4, 5)]
+    assert drafter.draft([(3, (7, 8, 9))], cap=3).candidates == []
+    assert drafter.rate((16, True, 1, True), 0.5) > 0.9 > 0.2 > drafter.rate((3, True, 1, True), 0.5)
 
 
 def test_strong_evidence_on_cheap_width_drafts_the_whole_tree():

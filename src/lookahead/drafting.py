@@ -8,8 +8,9 @@ They are merged into a trie, and each node gets an estimate of the chance that t
 with it once it agrees with its parent:
 
 * its *evidence*: how many earlier occurrences continue through it (``support``), whether they all
-  do (``unanimous``: every occurrence through its parent continues with it), the length of the
-  suffix that found it (``level``: 1-3, or 0 for pool n-grams), and whether it is a first token;
+  do (``unanimous``: every occurrence through its parent continues with it), how far back the
+  context matches at the occurrence that found it (``level``: 1, 2, 3, then bands of 4-7, 8-15 and
+  16+ tokens; 0 for pool n-grams), and whether it is a first token;
 * a learned rate per evidence bucket: after every step, each drafted node whose parent the model
   accepted is an observation (accepted or not), kept over the last ``memory`` observations; a
   bucket's rate is drawn towards its coarser bucket's (level, first token), and that towards a
@@ -62,7 +63,7 @@ class Draft:
 @dataclass
 class _Node:
     support: int = 0  # earlier occurrences of the context continuing through this node
-    level: int = 0  # longest suffix that found it (0: pool n-grams only)
+    level: int = 0  # longest context match that found it, in tokens (0: pool n-grams only)
 
 
 class TreeDrafter:
@@ -82,8 +83,12 @@ class TreeDrafter:
         probe_every: int = 8,
         max_interval: int = 64,
         probe_overhead: float = 0.1,
+        reach: int = 32,
     ) -> None:
         self.curve = curve
+        # how far back a source's context match is measured (ContextIndex.occurrences): spans of
+        # 1, 2, 3, 4-7, 8-15 and 16+ tokens are told apart (``span_band``)
+        self.reach = reach
         self.max_nodes, self.max_leaves = max_nodes, max_leaves
         self.prior_weight = prior_weight
         self.memory = memory
@@ -137,9 +142,10 @@ class TreeDrafter:
     # -- one step --------------------------------------------------------------------------------
 
     def draft(self, sources: Sequence[tuple[int, Path]], cap: int, max_leaves: int | None = None) -> Draft:
-        """The tree to verify this step. ``sources``: (level, continuation) pairs, level 1-3 for an
-        earlier occurrence found by a suffix of that length, 0 for a pooled n-gram; ``cap``: the
-        most tokens a candidate may have (N - 1, fewer near the sequence's end)."""
+        """The tree to verify this step. ``sources``: (level, continuation) pairs, level >= 1 for
+        an earlier occurrence where the context matches that many tokens back, 0 for a pooled
+        n-gram; ``cap``: the most tokens a candidate may have (the draft length, fewer near the
+        sequence's end)."""
         leaves_cap = self.max_leaves if max_leaves is None else min(max_leaves, self.max_leaves)
         nodes, children, occurrences = _trie(sources, cap)
         self._since_probe += 1
@@ -168,7 +174,7 @@ class TreeDrafter:
             for child in kids:
                 node = nodes[child]
                 unanimous = node.support > 0 and node.support == above
-                bucket = (node.level, len(child) == 1, min(node.support, 3), unanimous)
+                bucket = (span_band(node.level), len(child) == 1, min(node.support, 3), unanimous)
                 buckets[child] = bucket
                 prior = 0.3 + 0.5 * node.support / above if node.support else 0.2
                 rates.append(self.rate(bucket, prior, optimistic))
@@ -245,6 +251,14 @@ class TreeDrafter:
     def summary(self) -> dict[str, int]:
         """Steps per draft shape, as "G=leaves,N=longest+1" (or "plain") -> steps."""
         return {("plain" if c == PLAIN else f"G={c[0]},N={c[1]}"): n for c, n in sorted(self.chosen.items())}
+
+
+def span_band(span: int) -> int:
+    """The evidence level of a context match ``span`` tokens long: 0-3 as they are, then 4 (4-7),
+    8 (8-15), 16 (16 and more)."""
+    if span < 4:
+        return span
+    return 4 if span < 8 else 8 if span < 16 else 16
 
 
 def _trie(sources: Sequence[tuple[int, Path]], cap: int) -> tuple[dict[Path, _Node], dict[Path, list[Path]], int]:

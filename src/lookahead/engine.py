@@ -130,7 +130,7 @@ class Engine:
         draft = choice = matches = None
         if self.drafter is not None and len(active) == 1:
             (seq,) = active
-            cap, sources = draft_sources(seq, cfg, self.spec, limits[0])
+            cap, sources = draft_sources(seq, cfg, self.spec, limits[0], self.drafter.reach)
             draft = self.drafter.draft(sources, cap, seq.max_candidates)
             seq.candidates = draft.candidates
             layout, step_ids = plan_tree(seq, cfg)

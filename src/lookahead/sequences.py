@@ -237,16 +237,17 @@ def plan_tree(seq: SeqState, cfg: LookaheadConfig, n_levels: int = 0) -> tuple[S
     return layout, [[seq.t, *window, *node_tokens(seq.candidates, shape)]]
 
 
-def draft_sources(seq: SeqState, cfg: LookaheadConfig, spec: MaskSpec, limit: int) -> tuple[int, list]:
+def draft_sources(seq: SeqState, cfg: LookaheadConfig, spec: MaskSpec, limit: int, reach: int = 0) -> tuple[int, list]:
     """What :class:`lookahead.drafting.TreeDrafter` drafts from: the longest a candidate may be
     (``cfg.max_emitted - 1``: the draft length, fewer near the sequence's limit or under its own
     cap on N), and (level, continuation) pairs: every earlier
-    occurrence of the context's repeated suffix (level = the suffix's length), then the pooled
-    n-grams starting with t and the shared pool's continuations (level 0)."""
+    occurrence of the context's repeated suffix (level = how far back the context matches there,
+    up to ``reach`` tokens; see ``ContextIndex.occurrences``), then the pooled n-grams starting
+    with t and the shared pool's continuations (level 0)."""
     cap = max(0, _cap(seq, cfg.max_emitted, spec, limit))
     if cap == 0:
         return 0, []
-    sources = seq.context.occurrences(seq.committed, cap) if seq.context is not None else []
+    sources = seq.context.occurrences(seq.committed, cap, reach) if seq.context is not None else []
     sources += [(0, c) for c in seq.pool.candidates(seq.t, cfg.max_candidates)]
     if seq.shared is not None:
         sources += [(0, c) for c in seq.shared.candidates(seq.committed, cap, cfg.max_candidates)]
