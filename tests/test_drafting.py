@@ -130,6 +130,34 @@ def test_acceptances_are_recorded_along_the_accepted_path_only():
     assert sorted(seen) == [((2, False), False), ((2, False), True), ((2, True), True)]
 
 
+def test_undrafted_nodes_are_scored_as_the_text_reaches_them():
+    drafter = TreeDrafter(STEEP, max_nodes=3, max_leaves=1, probe_every=10**6)
+    draft = drafter.draft([(1, (3, 4, 5))], cap=3)
+    assert draft.candidates == []  # weak evidence on a dear curve: a plain step
+    drafter.record(draft, [3])  # the text went on with 3: the trie's first node was right
+    drafter.record(drafter.draft([], cap=3), [4])  # then 4: its second too
+    drafter.record(drafter.draft([], cap=3), [6])  # then 6, not 5
+    drafter.record(drafter.draft([], cap=3), [5])  # nothing left of that trie to score
+    first, second = (1, True, 1, True), (1, False, 1, True)  # level 1, support 1, unanimous
+    assert list(drafter._seen) == [(first, True), (second, True), (second, False)]
+
+
+@pytest.mark.parametrize("learn_undrafted", [True, False])
+def test_evidence_never_drafted_still_earns_a_draft_once_the_text_bears_it_out(learn_undrafted):
+    """Where width is dear, a weak-looking source is never drafted; scored on the text all the
+    same, it earns a draft once the text keeps bearing it out. Scoring only drafted nodes, it never
+    would (probes off)."""
+    drafter = TreeDrafter(STEEP, max_nodes=3, max_leaves=1, probe_every=10**6, learn_undrafted=learn_undrafted)
+    for _ in range(30):
+        draft = drafter.draft([(1, (3, 4, 5))], cap=3)
+        if draft.candidates:
+            break
+        for token in (3, 4, 5):
+            drafter.record(draft, [token])
+            draft = drafter.draft([], cap=3)
+    assert draft.candidates == ([(3, 4, 5)] if learn_undrafted else [])
+
+
 def test_probes_try_unobserved_evidence_and_back_off_while_they_lose():
     drafter = TreeDrafter(STEEP, max_nodes=3, max_leaves=1, probe_every=4, max_interval=32, probe_overhead=1.0)
     sources = [(1, (3, 4, 5))]

@@ -11,11 +11,13 @@ with it once it agrees with its parent:
   do (``unanimous``: every occurrence through its parent continues with it), how far back the
   context matches at the occurrence that found it (``level``: 1, 2, 3, then bands of 4-7, 8-15 and
   16+ tokens; 0 for pool n-grams), and whether it is a first token;
-* a learned rate per evidence bucket: after every step, each drafted node whose parent the model
-  accepted is an observation (accepted or not), kept over the last ``memory`` observations; a
-  bucket's rate is drawn towards its coarser bucket's (level, first token), and that towards a
-  prior from the counts alone (SuffixDecoding's frequency estimate), each with the weight of
-  ``prior_weight`` observations.
+* a learned rate per evidence bucket: every node of every step's trie, drafted or not, whose
+  parent the text went on with is an observation (did the text go on with it too?), scored as the
+  tokens come in and kept over the last ``memory`` observations. Scoring only the drafted nodes
+  would learn only about evidence that already looked good, and little of it where width is dear
+  and most steps are plain. A bucket's rate is drawn towards its coarser bucket's (level, first
+  token), and that towards a prior from the counts alone (SuffixDecoding's frequency estimate),
+  each with the weight of ``prior_weight`` observations.
 
 A node's path probability is the product of the rates along its path (siblings normalised so that
 they sum to at most 1: only one of them can match). Greedy verification accepts a path of the tree,
@@ -51,13 +53,17 @@ Path = tuple[int, ...]
 @dataclass(frozen=True)
 class Draft:
     """One step's draft: the candidates (root-to-leaf paths of the tree; empty for a plain step),
-    each drafted node's evidence bucket, and the tree's children by parent (for :meth:`record`)."""
+    each drafted node's evidence bucket, and the tree's children by parent; and the same two for
+    the whole trie the tree was cut from, drafted or not (what :meth:`TreeDrafter.record` scores
+    against the text as it comes)."""
 
     candidates: list[Path]
     buckets: dict[Path, tuple]
     children: dict[Path, list[Path]]
     expected: float  # tokens the step is expected to emit
     probe: bool = False  # drafted with optimistic rates (see TreeDrafter)
+    trie_buckets: dict[Path, tuple] = dataclasses.field(default_factory=dict)
+    trie_children: dict[Path, list[Path]] = dataclasses.field(default_factory=dict)
 
 
 @dataclass
@@ -79,16 +85,22 @@ class TreeDrafter:
         max_nodes: int,
         max_leaves: int,
         prior_weight: float = 3.0,
-        memory: int = 512,
+        memory: int = 2048,
         probe_every: int = 8,
         max_interval: int = 64,
         probe_overhead: float = 0.1,
         reach: int = 32,
+        learn_undrafted: bool = True,
     ) -> None:
         self.curve = curve
         # how far back a source's context match is measured (ContextIndex.occurrences): spans of
         # 1, 2, 3, 4-7, 8-15 and 16+ tokens are told apart (``span_band``)
         self.reach = reach
+        # every trie node is scored against the text once the text reaches it, drafted or not: the
+        # rates then learn from all the evidence, not only from what was drafted (which, where
+        # width is dear, is little, and only what already looked good)
+        self.learn_undrafted = learn_undrafted
+        self._pending: deque = deque()  # [trie children, trie buckets, tokens seen since] per step
         self.max_nodes, self.max_leaves = max_nodes, max_leaves
         self.prior_weight = prior_weight
         self.memory = memory
@@ -212,7 +224,7 @@ class TreeDrafter:
         for path in kept:
             tree_children.setdefault(path[:-1], []).append(path)
         candidates = [p for p in kept if p not in tree_children]  # the leaves
-        return Draft(candidates, {p: buckets[p] for p in kept}, tree_children, expected)
+        return Draft(candidates, {p: buckets[p] for p in kept}, tree_children, expected, False, buckets, children)
 
     def _count(self, draft: Draft) -> Draft:
         shape = PLAIN if not draft.candidates else (len(draft.candidates), 1 + max(map(len, draft.candidates)))
@@ -229,20 +241,38 @@ class TreeDrafter:
         if draft.probe:  # back off while probes accept nothing
             lost = not any((token,) in draft.buckets for token in emitted[:1])
             self._interval = min(self.max_interval, 2 * self._interval) if lost else self.probe_every
-        parent: Path = ()
-        for token in emitted:
-            kids = draft.children.get(parent)
+        if not self.learn_undrafted:
+            self._score(draft.children, draft.buckets, (), emitted)
+            return
+        # each earlier step's trie, and this one's, scored on the tokens that came after it
+        if draft.trie_children:
+            self._pending.append([draft.trie_children, draft.trie_buckets, ()])
+        live = deque()
+        for entry in self._pending:
+            children, buckets, seen = entry
+            entry[2] = seen + tuple(emitted)
+            if self._score(children, buckets, seen, emitted):
+                live.append(entry)
+        self._pending = live
+
+    def _score(self, children: dict, buckets: dict, seen: Path, tokens: Sequence[int]) -> bool:
+        """Observe every child of the node reached by ``seen`` (the text since the trie's step)
+        against each of ``tokens`` in turn; True while the trie still has a node to score."""
+        parent = seen
+        for token in tokens:
+            kids = children.get(parent)
             if not kids:
-                return
+                return False
             hit = None
             for child in kids:
                 matched = child[-1] == token
-                self._observe(draft.buckets[child], matched)
+                self._observe(buckets[child], matched)
                 if matched:
                     hit = child
             if hit is None:
-                return
+                return False
             parent = hit
+        return parent in children
 
     @property
     def wide_steps(self) -> int:
