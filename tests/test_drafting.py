@@ -142,6 +142,14 @@ def test_undrafted_nodes_are_scored_as_the_text_reaches_them():
     assert list(drafter._seen) == [(first, True), (second, True), (second, False)]
 
 
+def test_forgotten_tries_are_not_scored_against_another_text():
+    drafter = TreeDrafter(STEEP, max_nodes=3, max_leaves=1, probe_every=10**6)
+    drafter.record(drafter.draft([(1, (3, 4, 5))], cap=3), [3])
+    drafter.forget_pending()  # say another sequence drafts next
+    drafter.record(drafter.draft([], cap=3), [4])
+    assert list(drafter._seen) == [((1, True, 1, True), True)]  # (3, 4) was not scored against its 4
+
+
 @pytest.mark.parametrize("learn_undrafted", [True, False])
 def test_evidence_never_drafted_still_earns_a_draft_once_the_text_bears_it_out(learn_undrafted):
     """Where width is dear, a weak-looking source is never drafted; scored on the text all the

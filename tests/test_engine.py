@@ -218,13 +218,19 @@ def test_service_drafts_a_lone_request_and_batches_the_rest():
     service = Service(model, LookaheadConfig(0, 4, 4, adaptive=True), max_batch_size=4, max_queue=8)
 
     async def main():
-        alone = await ask(service, prompts[0])  # the only request: drafted
-        together = await asyncio.gather(*(ask(service, p) for p in prompts[1:]))  # a batch: the chooser's
-        return [alone, *together]
+        alone = [await ask(service, p) for p in prompts[:2]]  # each the only request: drafted
+        together = await asyncio.gather(*(ask(service, p) for p in prompts[2:]))  # a batch: the chooser's
+        return [*alone, *together]
 
     try:
         drafter = service.engine.drafter
         assert drafter is not None
+        # the drafter's pending tries are scored along one text: whenever the lone sequence changes
+        # (or its steps went undrafted in a batch) the engine has it forget them
+        lone, forgets = [], []
+        draft, forget = drafter.draft, drafter.forget_pending
+        drafter.forget_pending = lambda: (forgets.append(len(lone)), forget())[1]
+        drafter.draft = lambda *args: (lone.append(service.engine.active[0]), draft(*args))[1]
         texts = asyncio.run(main())
         for prompt, (tokens, _) in zip(prompts, texts, strict=True):
             expected = model.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False)
@@ -232,5 +238,7 @@ def test_service_drafts_a_lone_request_and_batches_the_rest():
         assert drafter.wide_steps > 0  # the lone request's steps were drafted
         assert sum(drafter.chosen.values()) < service.stats.steps  # not every step: the batch's were chosen
         assert service.engine.chooser.chosen  # by the chooser
+        changes = [i for i in range(len(lone)) if i == 0 or lone[i] is not lone[i - 1]]
+        assert len(changes) >= 2 and set(changes) <= set(forgets)  # the second lone request forgot the first's
     finally:
         service.shutdown(timeout=30)

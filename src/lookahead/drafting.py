@@ -255,6 +255,11 @@ class TreeDrafter:
                 live.append(entry)
         self._pending = live
 
+    def forget_pending(self) -> None:
+        """Drop the tries still being scored: the next step does not continue the text they were
+        scored along (another sequence drafts, or steps of this one went undrafted in a batch)."""
+        self._pending.clear()
+
     def _score(self, children: dict, buckets: dict, seen: Path, tokens: Sequence[int]) -> bool:
         """Observe every child of the node reached by ``seen`` (the text since the trie's step)
         against each of ``tokens`` in turn; True while the trie still has a node to score."""

@@ -72,6 +72,9 @@ class Engine:
         self.model, self.cfg, self.spec = model, cfg, spec
         self.chooser, self.emitter, self.stats = chooser, emitter, stats
         self.drafter = drafter  # drafts the steps of a lone sequence (None: the chooser plans every step)
+        # the sequence whose step the drafter recorded last, and the length its text will then have:
+        # the drafter's pending tries are scored along that text only
+        self._drafted: tuple[SeqState, int] | None = None
         self.on_finish = on_finish
         if spec.encoder_decoder:
             self.runner = Seq2SeqRunner(model, model_kwargs or {})
@@ -130,6 +133,8 @@ class Engine:
         draft = choice = matches = None
         if self.drafter is not None and len(active) == 1:
             (seq,) = active
+            if self._drafted is None or self._drafted[0] is not seq or self._drafted[1] != len(seq.committed):
+                self.drafter.forget_pending()
             cap, sources = draft_sources(seq, cfg, self.spec, limits[0], self.drafter.reach)
             draft = self.drafter.draft(sources, cap, seq.max_candidates)
             seq.candidates = draft.candidates
@@ -170,6 +175,7 @@ class Engine:
         verdicts = [self._verify(seq, scorer, layout) for seq, scorer in zip(active, scorers, strict=True)]
         if draft is not None:
             self.drafter.record(draft, verdicts[0].emitted)
+            self._drafted = (active[0], len(active[0].committed) + len(verdicts[0].emitted))
         for seq, scorer, match in zip(active, scorers, matches, strict=True) if choice and chooser.enabled else ():
             lengths = match_lengths(seq.candidates, scorer.raw_choice(layout.t_slot), scorer.raw_candidate_choice)
             chooser.record(choice, max((len(c) for c in seq.candidates), default=0), lengths, match)
