@@ -247,11 +247,11 @@ class TreeDrafter:
         # each earlier step's trie, and this one's, scored on the tokens that came after it
         if draft.trie_children:
             self._pending.append([draft.trie_children, draft.trie_buckets, ()])
-        live = deque()
+        live, tokens = deque(), tuple(emitted)
         for entry in self._pending:
             children, buckets, seen = entry
-            entry[2] = seen + tuple(emitted)
-            if self._score(children, buckets, seen, emitted):
+            entry[2] = seen + tokens
+            if self._score(children, buckets, seen, tokens):
                 live.append(entry)
         self._pending = live
 
