@@ -144,3 +144,23 @@ def test_bench_repeats_time_each_prompt_in_rotated_rounds(monkeypatch):
     assert calls == names + rounds + rounds  # the warm-up, then both prompts
     with pytest.raises(ValueError, match="repeats must be at least 1"):
         bench.run_bench(model, tokenizer, prompts, methods, 8, progress=False, repeats=0)
+
+
+def test_adaptive_run_of_given_settings(capsys):
+    """-W 0 --adaptive: the extra run is Lookahead() without the window (count drafting on), named
+    from the device's defaults; --adaptive with no W/N/G is refused."""
+    *_, fixed = bench.methods_for(3, 3, 2)
+    assert fixed.name == "lookahead(3,3,2)" and not fixed.lookahead.config_for("cpu").adaptive
+    *_, auto = bench.methods_for(0, adaptive=True, device="cuda")
+    assert auto.name == "lookahead(auto, 0,5,15)"  # CUDA's N and G, not the CPU's
+    cfg = auto.lookahead.config_for("cuda")
+    assert cfg.adaptive and cfg.drafts and not auto.lookahead.config_for("cuda").window_size
+    assert not bench.methods_for(device="cuda")[-1].lookahead.config_for("cuda").drafts  # the window's
+    model, tokenizer = tiny_model("llama"), char_tokenizer()
+    *_, auto = bench.methods_for(0, adaptive=True)
+    prompt = tokenizer("abcabcabcabcabc", return_tensors="pt")
+    plain = model.generate(**prompt, max_new_tokens=12, do_sample=False)
+    out = model.generate(**prompt, max_new_tokens=12, do_sample=False, **auto.kwargs())
+    assert out.tolist() == plain.tolist() and auto.lookahead._drafters  # it drafted, and exactly
+    assert main(["bench", "humaneval", "--adaptive"]) == 1
+    assert "--adaptive applies to the -W/-N/-G run" in capsys.readouterr().err

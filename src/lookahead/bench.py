@@ -59,7 +59,13 @@ class Run:
         return self.new_tokens / self.seconds
 
 
-def methods_for(window_size=None, ngram_size=None, max_candidates=None, prompt_lookup_tokens=3) -> list[Method]:
+def methods_for(
+    window_size=None, ngram_size=None, max_candidates=None, prompt_lookup_tokens=3, adaptive=False, device="cpu"
+) -> list[Method]:
+    """greedy, prompt lookup and ``Lookahead()``; and, if any of W/N/G is given, ``Lookahead(W, N,
+    G)`` too: as given, or with ``adaptive`` chosen step by step with them as upper bounds (so
+    ``window_size=0, adaptive=True`` is ``Lookahead()`` without the Jacobi window). ``device``
+    names it: the W/N/G left unset are that device's defaults."""
     auto = Lookahead(record_candidates=True)
     chosen = [
         Method("greedy", dict),
@@ -72,9 +78,9 @@ def methods_for(window_size=None, ngram_size=None, max_candidates=None, prompt_l
         Method("lookahead(auto)", lambda: {"custom_generate": auto}, auto),
     ]
     if any(v is not None for v in (window_size, ngram_size, max_candidates)):
-        fixed = Lookahead(window_size, ngram_size, max_candidates, record_candidates=True)
-        cfg = fixed.config_for("cpu")
-        name = f"lookahead({cfg.window_size},{cfg.ngram_size},{cfg.max_candidates})"
+        fixed = Lookahead(window_size, ngram_size, max_candidates, adaptive=adaptive or None, record_candidates=True)
+        cfg = fixed.config_for(device)
+        name = f"lookahead({'auto, ' if adaptive else ''}{cfg.window_size},{cfg.ngram_size},{cfg.max_candidates})"
         chosen.append(Method(name, lambda: {"custom_generate": fixed}, fixed))
     return chosen
 

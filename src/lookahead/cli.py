@@ -59,6 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("-N", "--ngram-size", type=int)
     bench.add_argument("-G", "--max-candidates", type=int)
     bench.add_argument(
+        "--adaptive",
+        action="store_true",
+        help="the -W/-N/-G run chooses its steps as Lookahead() does, with them as upper bounds "
+        "(-W 0 --adaptive: Lookahead() without the Jacobi window, count drafting on)",
+    )
+    bench.add_argument(
         "--out", default="results/bench", help="folder for JSON, Markdown and PNG (default: %(default)s)"
     )
     bench.add_argument(
@@ -211,7 +217,10 @@ def _bench(args) -> int:
     transformers.utils.logging.disable_progress_bar()
     if args.n < 1 or args.max_new_tokens < 1 or min(args.batch_size) < 1 or args.repeats < 1:
         raise ValueError("--n, --max-new-tokens, --batch-size and --repeats must be at least 1")
-    bench.methods_for(args.window_size, args.ngram_size, args.max_candidates)  # validates W/N/G before the load
+    if args.adaptive and (args.window_size, args.ngram_size, args.max_candidates) == (None,) * 3:
+        raise ValueError("--adaptive applies to the -W/-N/-G run: give at least one of them")
+    chosen = (args.window_size, args.ngram_size, args.max_candidates)
+    bench.methods_for(*chosen, adaptive=args.adaptive)  # validates W/N/G before the load
     suites = {name: datasets.load(name, args.n) for name in args.datasets}  # fail early on a bad name
     model, tokenizer = models.load(args.model, dtype=args.dtype, device=_device(args.device))
     out = Path(args.out)
@@ -221,7 +230,7 @@ def _bench(args) -> int:
         for batch in args.batch_size:
             # fresh callables per dataset and batch size: Lookahead() carries its drafting statistics
             # from call to call, so each workload starts from the priors rather than another's
-            methods = bench.methods_for(args.window_size, args.ngram_size, args.max_candidates)
+            methods = bench.methods_for(*chosen, adaptive=args.adaptive, device=model.device)
             runs = bench.run_bench(
                 model,
                 tokenizer,
