@@ -217,9 +217,9 @@ def _bench(args) -> int:
     transformers.utils.logging.disable_progress_bar()
     if args.n < 1 or args.max_new_tokens < 1 or min(args.batch_size) < 1 or args.repeats < 1:
         raise ValueError("--n, --max-new-tokens, --batch-size and --repeats must be at least 1")
-    if args.adaptive and (args.window_size, args.ngram_size, args.max_candidates) == (None,) * 3:
-        raise ValueError("--adaptive applies to the -W/-N/-G run: give at least one of them")
     chosen = (args.window_size, args.ngram_size, args.max_candidates)
+    if args.adaptive and chosen == (None,) * 3:
+        raise ValueError("--adaptive applies to the -W/-N/-G run: give at least one of them")
     bench.methods_for(*chosen, adaptive=args.adaptive)  # validates W/N/G before the load
     suites = {name: datasets.load(name, args.n) for name in args.datasets}  # fail early on a bad name
     model, tokenizer = models.load(args.model, dtype=args.dtype, device=_device(args.device))
