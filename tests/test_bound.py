@@ -88,6 +88,6 @@ def test_no_run_takes_fewer_steps_than_the_bound_on_its_own_candidates(settings)
         stats, trace = lookahead.last_stats, lookahead.last_candidates[0]
         assert trace and all(0 < position < 40 for position in trace)
         output = out[0, prompt.shape[1] :].tolist()
-        bound = clairvoyant_bound(prompt[0].tolist(), output, FREE, cap=stats.config.ngram_size - 1, extra=trace)
+        bound = clairvoyant_bound(prompt[0].tolist(), output, FREE, cap=stats.config.max_emitted - 1, extra=trace)
         assert bound.steps <= stats.steps
         assert stats.steps < len(output)  # the loop did step wide: the comparison says something

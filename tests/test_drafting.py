@@ -62,6 +62,23 @@ def test_occurrences_report_how_far_back_the_context_matches_up_to_the_reach():
     assert index.occurrences(text, 1, reach=32) == [(3, (6,))]
 
 
+def test_an_occurrence_running_into_the_present_continues_with_its_period():
+    """The newest occurrences of a run or a repeated line lie just behind the end of the text; what
+    followed them is cut short by it. Since the context matches there, the text is predicted to
+    repeat with that period, so the candidate still has the full length (the index keeps only the
+    newest few occurrences, so older ones cannot make up for it)."""
+    index = ContextIndex(max_suffix=3)
+    #       0  1  2  3  4  5  6  7  8
+    text = [7, 1, 2, 3, 1, 2, 3, 1, 2]
+    index.extend(text)
+    # "3 1 2" ended at 5 (3 back): 3 1 2 follow it, then the period goes on; "1 2" also at 1
+    assert index.occurrences(text, 5) == [(3, (3, 1, 2, 3, 1)), (2, (3, 1, 2, 3, 1))]
+    run = [4, 5, 5, 5, 5, 5, 5]
+    index = ContextIndex(max_suffix=3, per_key=2)
+    index.extend(run)
+    assert index.occurrences(run, 4) == [(3, (5, 5, 5, 5))]  # the newest kept place: 1 token back
+
+
 def test_span_bands():
     assert [span_band(s) for s in (0, 1, 2, 3, 4, 7, 8, 15, 16, 40)] == [0, 1, 2, 3, 4, 4, 8, 8, 16, 16]
 

@@ -48,7 +48,8 @@ class ContextIndex:
 
     def occurrences(self, tokens: Sequence[int], length: int, reach: int = 0) -> list[tuple[int, tuple[int, ...]]]:
         """Every indexed earlier place where a suffix of the context ended, once each, at the
-        longest suffix that reaches it: (suffix length, the up to ``length`` tokens that followed),
+        longest suffix that reaches it: (suffix length, the ``length`` tokens that follow it, where they
+        run into the present taken to repeat: see ``_continuation``),
         longest suffix first, newest first (what :class:`lookahead.drafting.TreeDrafter` counts).
         With ``reach`` above ``max_suffix``, a place found by the longest indexed suffix reports
         how far back the context really matches there, up to ``reach`` tokens: a copy of a long
@@ -70,7 +71,7 @@ class ContextIndex:
                 if end >= last or end in seen:
                     continue
                 seen.add(end)
-                continuation = tuple(tokens[end + 1 : end + 1 + length])
+                continuation = _continuation(tokens, end, last, length)
                 if continuation:
                     span = m
                     if m == self.max_suffix:  # the longest indexed suffix: see how far back it goes
@@ -80,7 +81,18 @@ class ContextIndex:
         return found
 
     def candidates(self, tokens: Sequence[int], length: int, limit: int) -> list[tuple[int, ...]]:
-        """Up to ``limit`` distinct continuations of ``length`` tokens (or fewer, at the end of
-        the text) after earlier occurrences of the context's suffix, longest suffix first."""
+        """Up to ``limit`` distinct continuations of ``length`` tokens after earlier occurrences
+        of the context's suffix, longest suffix first."""
         distinct = dict.fromkeys(continuation for _, continuation in self.occurrences(tokens, length))
         return list(distinct)[:limit]
+
+
+def _continuation(tokens: Sequence[int], end: int, last: int, length: int) -> tuple[int, ...]:
+    """The ``length`` tokens after position ``end`` (< ``last``, the text's last position). Where
+    they would run past the text, it is taken to repeat with period ``last - end``: the context
+    matches at ``end``, so what follows ``last`` is predicted to be what followed ``end``, and so
+    on. A run (``a a a a``, a line repeated) then yields full-length candidates from its newest
+    occurrences, the ones the index keeps, rather than the 1, 2 or 3 tokens that lie between them
+    and the end of the text."""
+    period = last - end
+    return tuple(tokens[end + 1 + j % period] for j in range(length))
