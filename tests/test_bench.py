@@ -155,7 +155,8 @@ def test_adaptive_run_of_given_settings(capsys):
     assert auto.name == "lookahead(auto, 0,5,15)"  # CUDA's N and G, not the CPU's
     cfg = auto.lookahead.config_for("cuda")
     assert cfg.adaptive and cfg.drafts and not auto.lookahead.config_for("cuda").window_size
-    assert not bench.methods_for(device="cuda")[-1].lookahead.config_for("cuda").drafts  # the window's
+    default = bench.methods_for(device="cuda")[-1].lookahead.config_for("cuda")
+    assert default.drafts and default.window_size == 15  # CUDA's default drafts with its window
     model, tokenizer = tiny_model("llama"), char_tokenizer()
     *_, auto = bench.methods_for(0, adaptive=True)
     prompt = tokenizer("abcabcabcabcabc", return_tensors="pt")

@@ -221,6 +221,54 @@ def test_drafted_steps_match_greedy(arch, count_forwards):
     assert steps < new, f"no multi-token step happened for {arch}"
 
 
+def test_the_window_rows_are_priced_into_every_drafted_tree():
+    """A tree that pays on its own may not pay for the window's rows as well: the same evidence
+    drafts without a window and steps plain with 60 rows riding along (T(63) = 3.2 T(1)), until
+    the model has borne it out often enough to pay for them too."""
+    sources = [(16, (3, 4, 5))]
+    drafter = TreeDrafter(FLAT, max_nodes=6, max_leaves=2, probe_every=10**6)
+    assert drafter.draft(sources, cap=3).candidates == [(3, 4, 5)]
+    assert drafter.draft(sources, cap=3, rider=60).candidates == []
+    for _ in range(30):
+        drafter.record(drafter.draft(sources, cap=3), [3, 4, 5, 6])  # accepted whole, every time
+    assert drafter.draft(sources, cap=3, rider=60).candidates == [(3, 4, 5)]
+
+
+@pytest.mark.parametrize("arch", list(CONFIGS))
+def test_drafting_with_a_window_matches_greedy_and_runs_the_window_on_drafted_steps_only(arch, monkeypatch):
+    """Adaptive settings with a window (CUDA's default shape) count-draft too: the window's
+    n-grams join the pool as one more source and its rows ride on drafted steps, never on plain
+    ones. Identical to model.generate on every architecture, with the window run and multi-token
+    steps."""
+    from lookahead.runner import DecoderRunner
+
+    layouts = []
+    step = DecoderRunner.step
+
+    def spy(self, layout, step_ids):
+        layouts.append(layout)
+        return step(self, layout, step_ids)
+
+    monkeypatch.setattr(DecoderRunner, "step", spy)
+    model = tiny_model(arch)
+    steps = new = 0
+    for seed in range(3):
+        prompt = repetitive_prompt(24, seed)
+        expected = model.generate(prompt, max_new_tokens=40, do_sample=False)
+        lookahead = Lookahead(3, 4, 3, adaptive=True, cost_curve=FLAT.points)
+        got = model.generate(prompt, max_new_tokens=40, do_sample=False, custom_generate=lookahead)
+        assert got.tolist() == expected.tolist(), f"{arch} prompt {seed}"
+        stats = lookahead.last_stats
+        assert sum(stats.settings.values()) == stats.steps - 1  # the drafter planned every step
+        steps, new = steps + stats.steps, new + stats.new_tokens
+    assert steps < new, f"no multi-token step happened for {arch}"
+    if not layouts:  # encoder-decoder models run Seq2SeqRunner, which has no drafter
+        return
+    windowed = [layout for layout in layouts if layout.level_slots]
+    assert windowed, "the window never ran"
+    assert all(layout.candidate_slots for layout in windowed)  # only with a drafted tree
+
+
 def test_count_drafting_can_be_turned_off():
     model = tiny_model("llama")
     prompt = repetitive_prompt(24, 1)

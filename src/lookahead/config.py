@@ -36,10 +36,10 @@ class LookaheadConfig:
     * ``adaptive``: choose, step by step, how many candidates of how many tokens to verify (or a
       plain one-token step) from the model's measured cost curve and the acceptance seen so far
       (see ``lookahead.tuning``); W, N and G are then upper bounds. Output is unchanged.
-    * ``count_drafting``: with ``adaptive``, no window and one sequence, draft each step's token
-      tree node by node from how often each continuation followed the context before, as long
-      as the expected tokens pay for the slots (see ``lookahead.drafting``); otherwise the
-      per-step setting above is chosen for the whole step.
+    * ``count_drafting``: with ``adaptive`` and one sequence, draft each step's token tree node
+      by node from how often each continuation followed the context before, as long as the
+      expected tokens pay for the slots, the window's rows included when W > 0 (see
+      ``lookahead.drafting``); otherwise the per-step setting above is chosen for the whole step.
     * ``draft_length`` (>= 1): the most tokens a count-drafted candidate may have. It is not tied
       to N: N sizes the pool's and the window's n-grams (and a batch's candidates), while a drafted
       candidate follows an earlier occurrence of the context for as long as the evidence pays for
@@ -71,15 +71,10 @@ class LookaheadConfig:
     @property
     def drafts(self) -> bool:
         """Whether a sequence running alone may be count-drafted (``lookahead.drafting``): adaptive
-        settings with count drafting and token trees, no window, some candidates. (The model must
-        take position_ids too, and the batch must be one sequence: see ``decoding.make_drafter``.)"""
-        return (
-            self.adaptive
-            and self.count_drafting
-            and self.token_tree
-            and not self.window_size
-            and self.max_candidates > 0
-        )
+        settings with count drafting and token trees, some candidates; with or without a window.
+        (The model must take position_ids too, and the batch must be one sequence: see
+        ``decoding.make_drafter``.)"""
+        return self.adaptive and self.count_drafting and self.token_tree and self.max_candidates > 0
 
     @property
     def max_emitted(self) -> int:

@@ -286,7 +286,7 @@ def make_chooser(
 
 def make_drafter(cfg: LookaheadConfig, spec: MaskSpec, batch: int, curve: CostCurve | None) -> TreeDrafter | None:
     """The count-based drafter (``lookahead.drafting``) where it applies: adaptive settings with
-    ``count_drafting``, one sequence, token trees, no window, a model taking position_ids; else None."""
+    ``count_drafting``, one sequence, token trees, a model taking position_ids; else None."""
     if not cfg.drafts or curve is None or batch != 1 or spec.linear:
         return None
     return TreeDrafter(curve, max_nodes=cfg.max_candidates * (cfg.max_emitted - 1), max_leaves=cfg.max_candidates)

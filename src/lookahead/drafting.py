@@ -29,6 +29,12 @@ repeated several times, identically), a short one or none where it is weak, and 
 follows the evidence: two continuations that split after a shared prefix both get verified when
 each is likely enough to pay for its slots.
 
+With a Jacobi window (W > 0), its n-grams reach the trie through the pool, as level-0 sources
+priced by their own observed rate like every other source, and its R rows ride along on every
+drafted step: a tree of k nodes then costs T(1 + R + k), while a plain step leaves the window out
+(as ``lookahead.tuning`` does). So the window runs where the tree it rides with pays for both, on
+a flat cost curve nearly always, on a steep one rarely.
+
 Example: the context ends in ``a b`` which occurred three times before, followed by ``c d e``,
 ``c d e`` and ``c f``. The trie is c (support 3, unanimous) -> d (2 of 3) -> e (2, unanimous) and
 c -> f (1 of 3). With rates of 0.9 for c, 0.6 for d, 0.95 for e and 0.3 for f, the path
@@ -153,30 +159,35 @@ class TreeDrafter:
 
     # -- one step --------------------------------------------------------------------------------
 
-    def draft(self, sources: Sequence[tuple[int, Path]], cap: int, max_leaves: int | None = None) -> Draft:
+    def draft(
+        self, sources: Sequence[tuple[int, Path]], cap: int, max_leaves: int | None = None, rider: int = 0
+    ) -> Draft:
         """The tree to verify this step. ``sources``: (level, continuation) pairs, level >= 1 for
         an earlier occurrence where the context matches that many tokens back, 0 for a pooled
-        n-gram; ``cap``: the most tokens a candidate may have (the draft length, fewer near the
-        sequence's end)."""
+        n-gram (the Jacobi window's n-grams among them); ``cap``: the most tokens a candidate may
+        have (the draft length, fewer near the sequence's end); ``rider``: input tokens that a
+        drafted step carries besides t and the tree (the window's rows; a plain step leaves them
+        out), priced as part of every tree's cost."""
         leaves_cap = self.max_leaves if max_leaves is None else min(max_leaves, self.max_leaves)
         nodes, children, occurrences = _trie(sources, cap)
         self._since_probe += 1
         if not nodes or leaves_cap <= 0:
             return self._plain()
-        draft = self._grow(nodes, children, occurrences, leaves_cap, optimistic=False)
+        draft = self._grow(nodes, children, occurrences, leaves_cap, optimistic=False, rider=rider)
         if draft.candidates or self._since_probe < self._interval:
             return self._count(draft)
-        probe = self._grow(nodes, children, occurrences, leaves_cap, optimistic=True)
+        probe = self._grow(nodes, children, occurrences, leaves_cap, optimistic=True, rider=rider)
         if not probe.candidates:
             return self._count(probe)
-        extra = self.curve(1 + len(probe.buckets)) / self.curve(1) - 1
+        extra = self.curve(1 + rider + len(probe.buckets)) / self.curve(1) - 1
         if self._since_probe < math.ceil(extra / self.probe_overhead):
             return self._count(draft)  # too dear to probe yet
         self._since_probe = 0
         return self._count(dataclasses.replace(probe, probe=True))
 
-    def _grow(self, nodes, children, occurrences: int, leaves_cap: int, optimistic: bool) -> Draft:
-        """The best tree over the trie, with estimated (or, for probes, optimistic) rates."""
+    def _grow(self, nodes, children, occurrences: int, leaves_cap: int, optimistic: bool, rider: int = 0) -> Draft:
+        """The best tree over the trie, with estimated (or, for probes, optimistic) rates; a tree of
+        k nodes costs a step of 1 + ``rider`` + k input tokens."""
         # each node's conditional rate, siblings normalised to sum to at most 1
         buckets: dict[Path, tuple] = {}
         cond: dict[Path, float] = {}
@@ -216,7 +227,7 @@ class TreeDrafter:
         unit = self.curve(1)
         for k, (_, probability) in enumerate(order, start=1):
             total += probability
-            rate = total * unit / self.curve(1 + k)
+            rate = total * unit / self.curve(1 + rider + k)
             if rate > best_rate:
                 best_k, best_rate, expected = k, rate, total
         kept = [path for path, _ in order[:best_k]]

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from .choices import StepChoices, fetch_matched
 from .config import LookaheadConfig, LookaheadStats
 from .drafting import TreeDrafter
-from .layout import StepLayout
+from .layout import StepLayout, build_layout
 from .runner import DecoderRunner, Seq2SeqRunner
 from .sequences import (
     Emitter,
@@ -39,6 +39,7 @@ from .sequences import (
     pooled,
     step_sizes,
     use_tree,
+    window_levels,
 )
 from .step import Scorer
 from .support import MaskSpec
@@ -136,9 +137,11 @@ class Engine:
             if self._drafted is None or self._drafted[0] is not seq or self._drafted[1] != len(seq.committed):
                 self.drafter.forget_pending()
             cap, sources = draft_sources(seq, cfg, self.spec, limits[0], self.drafter.reach)
-            draft = self.drafter.draft(sources, cap, seq.max_candidates)
+            n_levels = window_levels([seq], cfg, self.spec)  # the window rides on drafted steps only
+            rider = build_layout(1, cfg.window_size, n_levels).length - 1
+            draft = self.drafter.draft(sources, cap, seq.max_candidates, rider)
             seq.candidates = draft.candidates
-            layout, step_ids = plan_tree(seq, cfg)
+            layout, step_ids = plan_tree(seq, cfg, n_levels if draft.candidates else 0)
             if seq.trace is not None:
                 seq.trace[seq.new_tokens] = [c for _, c in sources]
         else:

@@ -132,7 +132,9 @@ def _own_g(seq: SeqState, g: int) -> int:
     return g if seq.max_candidates is None else min(g, seq.max_candidates)
 
 
-def _levels(seqs: Sequence[SeqState], cfg: LookaheadConfig, spec: MaskSpec, wide: bool) -> int:
+def window_levels(seqs: Sequence[SeqState], cfg: LookaheadConfig, spec: MaskSpec, wide: bool = True) -> int:
+    """The window levels a step carries: the batch's fullest window when the step is wide, none
+    when it is plain or the window would run past the model's position table."""
     n_levels = max(seq.window.n_levels for seq in seqs) if wide else 0
     if spec.max_positions is not None and any(
         len(seq.committed) - 1 + n_levels + cfg.window_size - 1 > spec.max_positions for seq in seqs
@@ -164,7 +166,7 @@ def step_sizes(
     candidates (``found``, from :func:`pooled`) merged into a token tree, and how many candidates
     it would verify. What :class:`lookahead.tuning.WidthChooser` prices: shared prefixes and
     missing candidates cost nothing, and missing candidates accept nothing."""
-    base = build_layout(1, cfg.window_size, _levels([seq], cfg, spec, True)).length  # t and the window
+    base = build_layout(1, cfg.window_size, window_levels([seq], cfg, spec, True)).length  # t and the window
     sizes = {}
     for g, n in options:
         cap = _cap(seq, n, spec, limit)
@@ -209,7 +211,7 @@ def plan_step(
             seq.candidates = _pick(found[b] if found is not None else pooled(seq, cfg, spec, limit), own_g, cap)
         else:
             seq.candidates = []
-    n_levels = _levels(seqs, cfg, spec, wide)
+    n_levels = window_levels(seqs, cfg, spec, wide)
     if use_tree(seqs, cfg):
         return plan_tree(seqs[0], cfg, n_levels)
     n_candidates = max(len(seq.candidates) for seq in seqs)
