@@ -1,11 +1,16 @@
 """A/B: does an option of Lookahead() pay? Lookahead() as it is and with each named option turned
 off, against greedy and prompt lookup, alternating prompt by prompt (lookahead.bench), bf16 by
-default. The options are Lookahead's keyword flags (context_lookup, token_tree, ...).
+default. The options are Lookahead's keyword flags (context_lookup, token_tree, ...); ``--base``
+sets the keyword arguments of both sides (JSON), e.g. a window with count drafting against the
+same window with the per-step chooser:
 
     .venv/bin/python benchmarks/ab_options.py token_tree --n 8 --max-new-tokens 128
+    .venv/bin/python benchmarks/ab_options.py count_drafting --dtype float32 \
+        --base '{"window_size": 5, "ngram_size": 4, "max_candidates": 4, "adaptive": true}'
 """
 
 import argparse
+import json
 
 import transformers
 
@@ -20,11 +25,15 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--datasets", nargs="+", default=["humaneval", "mtbench"])
+    parser.add_argument("--base", default="{}", help="Lookahead keyword arguments of every variant, as JSON")
     parser.add_argument("--skip-prompt-lookup", action="store_true", help="compare with greedy only (faster)")
     args = parser.parse_args()
     transformers.utils.logging.set_verbosity_error()
     model, tokenizer = models.load(args.model, dtype=args.dtype)
-    variants = {"auto": Lookahead(), **{f"auto, no {flag}": Lookahead(**{flag: False}) for flag in args.off}}
+    base = json.loads(args.base)
+    label = "auto" if not base else ",".join(f"{k}={v}" for k, v in base.items())
+    variants = {label: Lookahead(**base)}
+    variants.update({f"{label}, no {flag}": Lookahead(**base, **{flag: False}) for flag in args.off})
     methods = bench.methods_for()[: 1 if args.skip_prompt_lookup else 2]  # greedy, prompt lookup
     for name, lookahead in variants.items():
         methods.append(bench.Method(name, lambda la=lookahead: {"custom_generate": la}, lookahead))
