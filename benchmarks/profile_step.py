@@ -21,6 +21,11 @@ GROUPS = {  # phase -> (file suffix, function name) pairs whose cumulative time 
         ("engine.py", "_pool_output"),
         ("window.py", "update"),
     ],
+    "count drafting (sources, trie, tree, scoring)": [
+        ("sequences.py", "draft_sources"),
+        ("drafting.py", "draft"),
+        ("drafting.py", "record"),
+    ],
     "auto-tuning (pricing options, choosing)": [
         ("sequences.py", "step_sizes"),
         ("tuning.py", "choose"),
