@@ -20,22 +20,24 @@ from transformers import (
 
 from lookahead import LookaheadConfig, LookaheadStats
 from lookahead.decoding import make_chooser, new_sequence
+from lookahead.drafting import TreeDrafter
 from lookahead.engine import Engine
 from lookahead.pool import SharedPool
 from lookahead.sequences import Emitter
 from lookahead.service import Request, Service
 from lookahead.support import check_model
 from lookahead.text import TextDecoder
+from lookahead.tuning import CostCurve
 from lookahead.verify import position_noise
 
 NEW = 30
 
 
-def run_engine(model, cfg, prompts, arrivals, *, seeds=None, temperature=None, shared=None):
+def run_engine(model, cfg, prompts, arrivals, *, seeds=None, temperature=None, shared=None, drafter=None):
     """Admit prompt i at step ``arrivals[i]`` of a running engine -> (texts, stats)."""
     spec = check_model(model)
-    stats = LookaheadStats(config=cfg, accepted_hist=[0] * cfg.ngram_size)
-    engine = Engine(model, cfg, spec, make_chooser(model, cfg, spec, 1), Emitter(), stats)
+    stats = LookaheadStats(config=cfg, accepted_hist=[0] * cfg.max_emitted)
+    engine = Engine(model, cfg, spec, make_chooser(model, cfg, spec, 1), Emitter(), stats, drafter=drafter)
     seqs, step = {}, 0
     while len(seqs) < len(prompts) or engine.active:
         due = [i for i, at in enumerate(arrivals) if at == step and i not in seqs]
@@ -67,6 +69,27 @@ def test_sequences_joining_a_running_batch_match_generate_alone(arch, setting):
         assert text == expected[0, len(prompt) :].tolist(), (arch, setting)
     assert sum(stats.accepted_hist[1:]) > 0  # multi-token steps happened
     assert stats.sequence_steps > stats.steps  # and the sequences shared forward passes
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "gemma3_text"])
+def test_a_sequence_left_alone_drafts_with_the_window_it_kept_in_the_batch(arch):
+    """Adaptive settings with a window, as a server on CUDA runs them: while sequences share the
+    batch the chooser steps them, window and all; once one is left alone the drafter takes over
+    and its window (filled in the batch) rides on the drafted steps. Every text is generate's."""
+    model = tiny_model(arch)
+    prompts = [repetitive_prompt(n, seed)[0].tolist() for seed, n in enumerate((24, 7, 30))]
+    cfg = LookaheadConfig(4, 4, 4, adaptive=True)
+    flat = CostCurve(((1, 1.0), (2, 1.05), (4, 1.1), (8, 1.2), (16, 1.4), (32, 2.0)))
+    drafter = TreeDrafter(flat, max_nodes=4 * (cfg.max_emitted - 1), max_leaves=4)
+    riders = []
+    draft = drafter.draft
+    drafter.draft = lambda sources, cap, leaves, rider: (riders.append(rider), draft(sources, cap, leaves, rider))[1]
+    texts, stats = run_engine(model, cfg, prompts, [0, 0, 40], drafter=drafter)  # the third arrives alone
+    for prompt, text in zip(prompts, texts, strict=True):
+        expected = model.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False)
+        assert text == expected[0, len(prompt) :].tolist(), arch
+    assert riders and min(riders) > 0  # every drafted step priced the window's rows
+    assert drafter.wide_steps > 0 and stats.sequence_steps > stats.steps  # drafted alone, batched before
 
 
 def test_seeded_sampling_is_the_same_alone_in_a_batch_and_without_lookahead():
