@@ -75,7 +75,15 @@ def _cheapest(i: int, longest: list[int], curve: CostCurve) -> float:
     return min(curve(1 + a) + _cheapest(i + 1 + a, longest, curve) for a in range(longest[i] + 1))
 
 
-@pytest.mark.parametrize("settings", [dict(window_size=3, ngram_size=4, max_candidates=3), dict()])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(window_size=3, ngram_size=4, max_candidates=3),
+        dict(),
+        # drafting with a window: candidates up to the draft length, the window's n-grams among them
+        dict(window_size=3, ngram_size=4, max_candidates=3, adaptive=True, cost_curve=((1, 1.0), (64, 1.2))),
+    ],
+)
 def test_no_run_takes_fewer_steps_than_the_bound_on_its_own_candidates(settings):
     """With free width the bound is the fewest forward passes; the loop's own run is one of the
     paths it considers (its candidates at hand are recorded by output position), so no run can

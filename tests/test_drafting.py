@@ -235,11 +235,11 @@ def test_the_window_rows_are_priced_into_every_drafted_tree():
 
 
 @pytest.mark.parametrize("arch", list(CONFIGS))
-def test_drafting_with_a_window_matches_greedy_and_runs_the_window_on_drafted_steps_only(arch, monkeypatch):
+def test_drafting_with_a_window_matches_greedy_and_runs_the_window_on_every_drafted_step(arch, monkeypatch):
     """Adaptive settings with a window (CUDA's default shape) count-draft too: the window's
-    n-grams join the pool as one more source and its rows ride on drafted steps, never on plain
-    ones. Identical to model.generate on every architecture, with the window run and multi-token
-    steps."""
+    n-grams join the pool as one more source, its rows ride on every drafted step, and the steps
+    that carry it alone are the ones the drafter counted as such. Identical to model.generate on
+    every architecture, with multi-token steps."""
     from lookahead.runner import DecoderRunner
 
     layouts = []
@@ -251,7 +251,7 @@ def test_drafting_with_a_window_matches_greedy_and_runs_the_window_on_drafted_st
 
     monkeypatch.setattr(DecoderRunner, "step", spy)
     model = tiny_model(arch)
-    steps = new = 0
+    steps = new = window_only = 0
     for seed in range(3):
         prompt = repetitive_prompt(24, seed)
         expected = model.generate(prompt, max_new_tokens=40, do_sample=False)
@@ -261,12 +261,26 @@ def test_drafting_with_a_window_matches_greedy_and_runs_the_window_on_drafted_st
         stats = lookahead.last_stats
         assert sum(stats.settings.values()) == stats.steps - 1  # the drafter planned every step
         steps, new = steps + stats.steps, new + stats.new_tokens
+        window_only += stats.settings.get("window", 0)
     assert steps < new, f"no multi-token step happened for {arch}"
     if not layouts:  # encoder-decoder models run Seq2SeqRunner, which has no drafter
         return
-    windowed = [layout for layout in layouts if layout.level_slots]
-    assert windowed, "the window never ran"
-    assert all(layout.candidate_slots for layout in windowed)  # only with a drafted tree
+    drafted = [layout for layout in layouts if layout.candidate_slots]
+    assert drafted and all(layout.level_slots for layout in drafted)  # the window rode on each
+    assert window_only == sum(1 for layout in layouts if layout.level_slots and not layout.candidate_slots)
+
+
+def test_the_window_runs_alone_within_its_budget_where_nothing_is_drafted():
+    """Where no tree pays, one plain step in so many carries the window alone, so that its
+    n-grams keep coming: here 60 rows cost T(61) = 3.09 T(1), and 10% of plain decoding's time
+    buys one such step in 21."""
+    drafter = TreeDrafter(FLAT, max_nodes=6, max_leaves=2)
+    windows = [drafter.draft([], cap=3, rider=60).window for _ in range(44)]
+    assert [i for i, w in enumerate(windows) if w] == [20, 41]
+    assert drafter.summary() == {"plain": 42, "window": 2}
+    assert not TreeDrafter(FLAT, max_nodes=6, max_leaves=2).draft([], cap=3).window  # no window: never
+    strong = [(16, (3, 4, 5))] * 3
+    assert TreeDrafter(FLAT, max_nodes=6, max_leaves=2).draft(strong, cap=3, rider=4).window  # rides on a tree
 
 
 def test_count_drafting_can_be_turned_off():

@@ -22,6 +22,7 @@ from lookahead import LookaheadConfig, LookaheadStats
 from lookahead.decoding import make_chooser, new_sequence
 from lookahead.drafting import TreeDrafter
 from lookahead.engine import Engine
+from lookahead.layout import build_layout
 from lookahead.pool import SharedPool
 from lookahead.sequences import Emitter
 from lookahead.service import Request, Service
@@ -33,11 +34,15 @@ from lookahead.verify import position_noise
 NEW = 30
 
 
-def run_engine(model, cfg, prompts, arrivals, *, seeds=None, temperature=None, shared=None, drafter=None):
-    """Admit prompt i at step ``arrivals[i]`` of a running engine -> (texts, stats)."""
+def run_engine(model, cfg, prompts, arrivals, *, seeds=None, temperature=None, shared=None, drafter=None,
+               on_engine=None):  # fmt: skip
+    """Admit prompt i at step ``arrivals[i]`` of a running engine -> (texts, stats); ``on_engine``
+    sees the engine before its first step."""
     spec = check_model(model)
     stats = LookaheadStats(config=cfg, accepted_hist=[0] * cfg.max_emitted)
     engine = Engine(model, cfg, spec, make_chooser(model, cfg, spec, 1), Emitter(), stats, drafter=drafter)
+    if on_engine is not None:
+        on_engine(engine)
     seqs, step = {}, 0
     while len(seqs) < len(prompts) or engine.active:
         due = [i for i, at in enumerate(arrivals) if at == step and i not in seqs]
@@ -81,15 +86,30 @@ def test_a_sequence_left_alone_drafts_with_the_window_it_kept_in_the_batch(arch)
     cfg = LookaheadConfig(4, 4, 4, adaptive=True)
     flat = CostCurve(((1, 1.0), (2, 1.05), (4, 1.1), (8, 1.2), (16, 1.4), (32, 2.0)))
     drafter = TreeDrafter(flat, max_nodes=4 * (cfg.max_emitted - 1), max_leaves=4)
-    riders = []
-    draft = drafter.draft
-    drafter.draft = lambda sources, cap, leaves, rider: (riders.append(rider), draft(sources, cap, leaves, rider))[1]
-    texts, stats = run_engine(model, cfg, prompts, [0, 0, 40], drafter=drafter)  # the third arrives alone
+    batched, drafted = set(), []  # sequences seen in a batch; (sequence, rider) per drafted step
+
+    def watch(engine):
+        step, draft = engine.step, drafter.draft
+
+        def step_watched():
+            if len(engine.active) > 1:
+                batched.update(id(seq) for seq in engine.active)
+            step()
+
+        def draft_watched(sources, cap, leaves, rider):
+            out = draft(sources, cap, leaves, rider)
+            if out.candidates:
+                drafted.append((id(engine.active[0]), rider))
+            return out
+
+        engine.step, drafter.draft = step_watched, draft_watched
+
+    texts, stats = run_engine(model, cfg, prompts, [0, 0, 5], drafter=drafter, on_engine=watch)
     for prompt, text in zip(prompts, texts, strict=True):
         expected = model.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False)
         assert text == expected[0, len(prompt) :].tolist(), arch
-    assert riders and min(riders) > 0  # every drafted step priced the window's rows
-    assert drafter.wide_steps > 0 and stats.sequence_steps > stats.steps  # drafted alone, batched before
+    full = build_layout(1, 4, 3).length - 1  # the window's rows once it has its N - 1 levels
+    assert any(seq in batched and rider == full for seq, rider in drafted), "no drafted step after a batch"
 
 
 def test_seeded_sampling_is_the_same_alone_in_a_batch_and_without_lookahead():

@@ -30,10 +30,13 @@ follows the evidence: two continuations that split after a shared prefix both ge
 each is likely enough to pay for its slots.
 
 With a Jacobi window (W > 0), its n-grams reach the trie through the pool, as level-0 sources
-priced by their own observed rate like every other source, and its R rows ride along on every
-drafted step: a tree of k nodes then costs T(1 + R + k), while a plain step leaves the window out
-(as ``lookahead.tuning`` does). So the window runs where the tree it rides with pays for both, on
-a flat cost curve nearly always, on a steep one rarely.
+priced by the rate learnt for pooled n-grams (the prompt's and the output's among them), and its R
+rows ride along on every drafted step: a tree of k nodes then costs T(1 + R + k). A plain step
+leaves the window out, except that one in so many carries it alone, spaced so that these steps add
+at most ``window_overhead`` (10%) of plain decoding's time: the window's n-grams pay off in later
+steps, which no step's price can tell, and on text where nothing gets drafted it would otherwise
+never run. So the window runs where the tree it rides with pays for both (on a flat cost curve
+nearly always, on a steep one rarely) and, within that budget, where nothing else is drafted.
 
 Example: the context ends in ``a b`` which occurred three times before, followed by ``c d e``,
 ``c d e`` and ``c f``. The trie is c (support 3, unanimous) -> d (2 of 3) -> e (2, unanimous) and
@@ -54,6 +57,7 @@ from dataclasses import dataclass
 from .tuning import PLAIN, CostCurve
 
 Path = tuple[int, ...]
+WINDOW_ONLY = (0, 0)  # a step that carries the window and no tree
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,7 @@ class Draft:
     probe: bool = False  # drafted with optimistic rates (see TreeDrafter)
     trie_buckets: dict[Path, tuple] = dataclasses.field(default_factory=dict)
     trie_children: dict[Path, list[Path]] = dataclasses.field(default_factory=dict)
+    window: bool = False  # the step carries the Jacobi window's rows (every drafted step, some plain ones)
 
 
 @dataclass
@@ -95,6 +100,7 @@ class TreeDrafter:
         probe_every: int = 8,
         max_interval: int = 64,
         probe_overhead: float = 0.1,
+        window_overhead: float = 0.1,
         reach: int = 32,
         learn_undrafted: bool = True,
     ) -> None:
@@ -117,6 +123,12 @@ class TreeDrafter:
         self.probe_every, self.max_interval, self.probe_overhead = probe_every, max_interval, probe_overhead
         self._since_probe = 0
         self._interval = probe_every
+        # a window rides on every drafted step; of the others, one in so many carries it alone, so
+        # that these add at most ``window_overhead`` of plain decoding's time: the window's n-grams
+        # help later steps only, which no step's price can tell, and where nothing gets drafted it
+        # would otherwise never run, nor ever propose anything
+        self.window_overhead = window_overhead
+        self._since_window = 0
         self._seen: deque = deque()  # (fine bucket, accepted) observations, oldest first
         self._fine: dict[tuple, list[int]] = {}  # bucket -> [accepted, observed]
         self._coarse: dict[tuple, list[int]] = {}  # (level, first token) -> [accepted, observed]
@@ -168,22 +180,39 @@ class TreeDrafter:
         have (the draft length, fewer near the sequence's end); ``rider``: input tokens that a
         drafted step carries besides t and the tree (the window's rows; a plain step leaves them
         out), priced as part of every tree's cost."""
+        return self._count(self._ride(self._choose(sources, cap, max_leaves, rider), rider))
+
+    def _choose(self, sources: Sequence[tuple[int, Path]], cap: int, max_leaves: int | None, rider: int) -> Draft:
         leaves_cap = self.max_leaves if max_leaves is None else min(max_leaves, self.max_leaves)
         nodes, children, occurrences = _trie(sources, cap)
         self._since_probe += 1
         if not nodes or leaves_cap <= 0:
-            return self._plain()
+            return Draft([], {}, {}, 1.0)
         draft = self._grow(nodes, children, occurrences, leaves_cap, optimistic=False, rider=rider)
         if draft.candidates or self._since_probe < self._interval:
-            return self._count(draft)
+            return draft
         probe = self._grow(nodes, children, occurrences, leaves_cap, optimistic=True, rider=rider)
         if not probe.candidates:
-            return self._count(probe)
+            return probe
         extra = self.curve(1 + rider + len(probe.buckets)) / self.curve(1) - 1
         if self._since_probe < math.ceil(extra / self.probe_overhead):
-            return self._count(draft)  # too dear to probe yet
+            return draft  # too dear to probe yet
         self._since_probe = 0
-        return self._count(dataclasses.replace(probe, probe=True))
+        return dataclasses.replace(probe, probe=True)
+
+    def _ride(self, draft: Draft, rider: int) -> Draft:
+        """Whether the window's ``rider`` rows run this step (see ``window_overhead``)."""
+        if not rider:
+            return draft
+        if draft.candidates:
+            self._since_window = 0
+            return dataclasses.replace(draft, window=True)
+        self._since_window += 1
+        extra = self.curve(1 + rider) / self.curve(1) - 1
+        if self._since_window < math.ceil(extra / self.window_overhead):
+            return draft
+        self._since_window = 0
+        return dataclasses.replace(draft, window=True)
 
     def _grow(self, nodes, children, occurrences: int, leaves_cap: int, optimistic: bool, rider: int = 0) -> Draft:
         """The best tree over the trie, with estimated (or, for probes, optimistic) rates; a tree of
@@ -238,12 +267,12 @@ class TreeDrafter:
         return Draft(candidates, {p: buckets[p] for p in kept}, tree_children, expected, False, buckets, children)
 
     def _count(self, draft: Draft) -> Draft:
-        shape = PLAIN if not draft.candidates else (len(draft.candidates), 1 + max(map(len, draft.candidates)))
+        if draft.candidates:
+            shape = (len(draft.candidates), 1 + max(map(len, draft.candidates)))
+        else:
+            shape = WINDOW_ONLY if draft.window else PLAIN
         self.chosen[shape] += 1
         return draft
-
-    def _plain(self) -> Draft:
-        return self._count(Draft([], {}, {}, 1.0))
 
     def record(self, draft: Draft, emitted: Sequence[int]) -> None:
         """Learn from one step: ``emitted`` are the tokens verification produced (the accepted
@@ -296,7 +325,8 @@ class TreeDrafter:
 
     def summary(self) -> dict[str, int]:
         """Steps per draft shape, as "G=leaves,N=longest+1" (or "plain") -> steps."""
-        return {("plain" if c == PLAIN else f"G={c[0]},N={c[1]}"): n for c, n in sorted(self.chosen.items())}
+        names = {PLAIN: "plain", WINDOW_ONLY: "window"}
+        return {names.get(c, f"G={c[0]},N={c[1]}"): n for c, n in sorted(self.chosen.items())}
 
 
 def span_band(span: int) -> int:
