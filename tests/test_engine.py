@@ -112,6 +112,41 @@ def test_a_sequence_left_alone_drafts_with_the_window_it_kept_in_the_batch(arch)
     assert any(seq in batched and rider == full for seq, rider in drafted), "no drafted step after a batch"
 
 
+def test_a_lone_request_with_a_narrower_window_drafts_and_pays_for_its_own_width_only():
+    """A request may cap W below the server's: alone, its drafted steps lay out and price its own
+    columns, not the server's (filler columns would cost rows and buy nothing)."""
+    model = tiny_model("llama")
+    service = Service(model, LookaheadConfig(4, 4, 4, adaptive=True), max_batch_size=2, max_queue=4)
+    try:
+        drafter, runner = service.engine.drafter, service.engine.runner
+        riders, widths = [], []
+        draft, step = drafter.draft, runner.step
+        drafter.draft = lambda sources, cap, leaves, rider: (riders.append(rider), draft(sources, cap, leaves, rider))[
+            1
+        ]
+        runner.step = lambda layout, ids: (widths.append(len(layout.last_level_slots)), step(layout, ids))[1]
+        prompt = repetitive_prompt(24, 1)[0].tolist()
+
+        async def main(caps):
+            request = Request(prompt_ids=prompt, max_tokens=NEW, lookahead=caps)
+            service.submit(request)
+            tokens, reason = [], None
+            while reason is None:
+                event = await request.events.get()
+                tokens, reason = tokens + event.tokens, event.finish_reason
+            return tokens
+
+        expected = model.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False)[0, len(prompt) :]
+        for caps, rows, width in (((2, 4, 4), build_layout(1, 2, 3).length - 1, 2), (None, 11, 4)):
+            riders.clear()
+            widths.clear()
+            assert asyncio.run(main(caps)) == expected.tolist(), caps
+            assert riders and set(riders) == {rows}, caps  # the window, full from the start, priced at its width
+            assert width in widths and max(widths) == width, caps  # and laid out at it
+    finally:
+        service.shutdown(timeout=30)
+
+
 def test_seeded_sampling_is_the_same_alone_in_a_batch_and_without_lookahead():
     """Noise keyed by (seed, position): the text depends on the seed and prompt only."""
     model = tiny_model("llama")

@@ -137,11 +137,13 @@ class Engine:
             if self._drafted is None or self._drafted[0] is not seq or self._drafted[1] != len(seq.committed):
                 self.drafter.forget_pending()
             cap, sources = draft_sources(seq, cfg, self.spec, limits[0], self.drafter.reach)
-            n_levels = window_levels([seq], cfg, self.spec)  # the window: on drafted steps and a few others
-            rider = build_layout(1, cfg.window_size, n_levels).length - 1
+            # the window (the sequence's own width: a request may ask for fewer columns than W):
+            # on drafted steps and a few others, its rows priced into the draft
+            n_levels, width = window_levels([seq], cfg, self.spec), seq.window.window_size
+            rider = build_layout(1, width, n_levels).length - 1
             draft = self.drafter.draft(sources, cap, seq.max_candidates, rider)
             seq.candidates = draft.candidates
-            layout, step_ids = plan_tree(seq, cfg, n_levels if draft.window else 0)
+            layout, step_ids = plan_tree(seq, cfg, n_levels if draft.window else 0, width)
             if seq.trace is not None:
                 seq.trace[seq.new_tokens] = [c for _, c in sources]
         else:

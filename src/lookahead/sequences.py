@@ -230,12 +230,16 @@ def plan_step(
     return layout, step_ids
 
 
-def plan_tree(seq: SeqState, cfg: LookaheadConfig, n_levels: int = 0) -> tuple[StepLayout, list[list[int]]]:
-    """One sequence's step: t, the window's ``n_levels`` levels and ``seq.candidates`` merged into a
-    token tree (shared prefixes share their slots). Returns the layout and the input ids [1][L]."""
+def plan_tree(
+    seq: SeqState, cfg: LookaheadConfig, n_levels: int = 0, width: int | None = None
+) -> tuple[StepLayout, list[list[int]]]:
+    """One sequence's step: t, the window's ``n_levels`` levels (``width`` columns: W unless given)
+    and ``seq.candidates`` merged into a token tree (shared prefixes share their slots). Returns the
+    layout and the input ids [1][L]."""
+    width = cfg.window_size if width is None else width
     shape = tree_shape(seq.candidates)
-    layout = build_layout(1, cfg.window_size, n_levels, shape=shape)
-    window = seq.window.tokens(cfg.window_size, n_levels, seq.t)
+    layout = build_layout(1, width, n_levels, shape=shape)
+    window = seq.window.tokens(width, n_levels, seq.t)
     return layout, [[seq.t, *window, *node_tokens(seq.candidates, shape)]]
 
 
