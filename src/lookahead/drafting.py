@@ -178,8 +178,8 @@ class TreeDrafter:
         an earlier occurrence where the context matches that many tokens back, 0 for a pooled
         n-gram (the Jacobi window's n-grams among them); ``cap``: the most tokens a candidate may
         have (the draft length, fewer near the sequence's end); ``rider``: input tokens that a
-        drafted step carries besides t and the tree (the window's rows; a plain step leaves them
-        out), priced as part of every tree's cost."""
+        drafted step carries besides t and the tree (the window's rows), priced as part of every
+        tree's cost; a plain step carries them only within ``window_overhead`` (``Draft.window``)."""
         return self._count(self._ride(self._choose(sources, cap, max_leaves, rider), rider))
 
     def _choose(self, sources: Sequence[tuple[int, Path]], cap: int, max_leaves: int | None, rider: int) -> Draft:
