@@ -3,7 +3,10 @@
 # H100/H200. Writes everything under OUT (default results/gpu).
 #
 #   benchmarks/gpu_check.sh [OUT]     # PYTHON=python3, MODEL=smollm2, N=auto, BENCH_SECONDS=300,
-#                                     # HOST_COST=1
+#                                     # NEW_TOKENS=256, PHASES=1, HOST_COST=1, DEVICE=cuda
+#
+# DEVICE=cpu N=1 NEW_TOKENS=16 PHASES=0 HOST_COST=0 tries the script here before a lease is spent
+# on it (no synchronisation counts on a CPU).
 #
 # Needs a CUDA build of torch with transformers 5.20 or newer, this repository's src/ (put on
 # PYTHONPATH here, so that the machine's own torch is used: scripts/setup.sh would install the CPU
@@ -21,44 +24,56 @@
 #    (benchmarks/step_phases.py)
 # 4. host time per step against transformers' plain loop, batch 1 and 8, the first two layers of
 #    the model (benchmarks/host_cost.py), if HOST_COST=1
-set -euo pipefail
+set -uo pipefail  # no -e: a lease is spent once, so a failing step reports and the next one runs
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 MODEL=${MODEL:-smollm2}
 OUT=${1:-results/gpu}
 N=${N:-auto}
 BENCH_SECONDS=${BENCH_SECONDS:-300}
+NEW_TOKENS=${NEW_TOKENS:-256}
+DEVICE=${DEVICE:-cuda}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 started=$(date +%s)
 stamp() { echo "== $1 ($(( $(date +%s) - started )) s)"; }
+failed=0
+check() { local rc=$?; [ $rc = 0 ] || { echo "!! $1 failed (exit $rc)"; failed=$((failed + 1)); }; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt" || true
 
 stamp "exactness, synchronisations, cost curve"
-$PY benchmarks/gpu_checks.py --model "$MODEL" --n 2 --new-tokens 48 --json "$OUT/checks.json" 2>&1 \
+$PY benchmarks/gpu_checks.py --model "$MODEL" --device "$DEVICE" --n 2 --new-tokens 48 --json "$OUT/checks.json" 2>&1 \
     | tee "$OUT/checks.log"
+check "the checks"
 
-if [ "$N" = auto ]; then
+if [ "$N" = auto ] && [ -f "$OUT/checks.json" ]; then
     # the four methods each decode 2 x N x 256 tokens; greedy's steps took about 1.6 T(1) each on an
     # H200 (2026-12-04), the others' fewer steps somewhat more: about 5 T(1) per token in all
     N=$($PY -c "import json, sys; t = json.load(open(sys.argv[1]))['cost_curve_bf16']['T1_ms'] / 1000
 print(max(3, min(20, int($BENCH_SECONDS / (2 * 256 * 5 * t)))))" "$OUT/checks.json")
 fi
+[ "$N" = auto ] && N=3
 stamp "lookahead bench (bf16), $N prompts per dataset"
-$PY -m lookahead.cli bench humaneval mtbench --model "$MODEL" --device cuda --n "$N" --max-new-tokens 256 \
+$PY -m lookahead.cli bench humaneval mtbench --model "$MODEL" --device "$DEVICE" --n "$N" --max-new-tokens "$NEW_TOKENS" \
     -W 0 --adaptive --out "$OUT/bench" --no-progress 2>&1 | tee "$OUT/bench.log"
+check "the bench"
 
+if [ "${PHASES:-1}" = 1 ]; then
 stamp "step phases"
 for data in "humaneval 3" "mtbench 2"; do
     set -- $data
-    $PY benchmarks/step_phases.py --model "$MODEL" --device cuda --dataset "$1" --prompt "$2" \
+    $PY benchmarks/step_phases.py --model "$MODEL" --device "$DEVICE" --dataset "$1" --prompt "$2" \
         --max-new-tokens 128 --settings "Lookahead()" "Lookahead(W=0)" --json "$OUT/phases-$1.json" 2>&1 \
         | tee -a "$OUT/phases.log"
+    check "step phases on $1"
 done
+fi
 
 if [ "${HOST_COST:-1}" = 1 ]; then
     stamp "host time per step (first two layers)"
-    $PY benchmarks/host_cost.py --model "$MODEL" --device cuda --layers 2 --batch 1 8 --repeats 3 \
+    $PY benchmarks/host_cost.py --model "$MODEL" --device "$DEVICE" --layers 2 --batch 1 8 --repeats 3 \
         --json "$OUT/host-cost-2layers.json" 2>&1 | tee "$OUT/host-cost-2layers.log"
+    check "host cost"
 fi
-stamp "done"
+stamp "done, $failed step(s) failed"
+exit $((failed > 0))

@@ -3,8 +3,10 @@ host-device synchronisations per step, and the bf16 cost curve.
 
     python benchmarks/gpu_checks.py --json results/gpu/checks.json
 
-1. **Exactness** (fp32): ``Lookahead()``, (4, 4, 4) and (15, 5, 15) against ``model.generate``
-   greedy on a few HumanEval and MT-bench prompts, alone and as a left-padded batch of 4.
+1. **Exactness** (fp32): ``Lookahead()`` (on CUDA: count drafting with the Jacobi window),
+   ``Lookahead(window_size=0, adaptive=True)`` (count drafting alone, the CPU default), (4, 4, 4)
+   and (15, 5, 15) against ``model.generate`` greedy on a few HumanEval and MT-bench prompts,
+   alone and as a left-padded batch of 4.
 2. **Synchronisations** (bf16): ``torch.cuda.set_sync_debug_mode("warn")`` reports every call
    that makes the host wait for the device; counted per forward pass, for greedy steps at batch
    1 and 4 (the target: one per step, the read of the chosen tokens).
@@ -15,6 +17,7 @@ import argparse
 import json
 import time
 import warnings
+from collections import Counter
 
 import torch
 import transformers
@@ -25,7 +28,12 @@ from lookahead.support import check_model
 from lookahead.tuning import measure
 
 FALLBACK = ["def fibonacci(n):\n", "Write a haiku about the sea.", "import numpy as np\n\ndef normalize(x):\n"]
-SETTINGS = {"Lookahead()": (), "(4,4,4)": (4, 4, 4), "(15,5,15)": (15, 5, 15)}
+SETTINGS = {  # name -> Lookahead arguments
+    "Lookahead()": {},
+    "Lookahead(W=0)": {"window_size": 0, "adaptive": True},
+    "(4,4,4)": {"window_size": 4, "ngram_size": 4, "max_candidates": 4},
+    "(15,5,15)": {"window_size": 15, "ngram_size": 5, "max_candidates": 15},
+}
 
 
 def prompts(tokenizer, n: int) -> list:
@@ -52,11 +60,11 @@ def exactness(model, tokenizer, ids: list[list[int]], new: int) -> dict:
         for p in ids:
             x = torch.tensor([p], device=model.device)
             plain = model.generate(x, max_new_tokens=new, do_sample=False)
-            mine = model.generate(x, max_new_tokens=new, do_sample=False, custom_generate=Lookahead(*setting))
+            mine = model.generate(x, max_new_tokens=new, do_sample=False, custom_generate=Lookahead(**setting))
             same += torch.equal(plain, mine)
         batch = batch_inputs(tokenizer, ids[:4], model.device)
         plain = model.generate(**batch, max_new_tokens=new, do_sample=False)
-        mine = model.generate(**batch, max_new_tokens=new, do_sample=False, custom_generate=Lookahead(*setting))
+        mine = model.generate(**batch, max_new_tokens=new, do_sample=False, custom_generate=Lookahead(**setting))
         batched = bool(torch.equal(plain, mine))
         results[name] = {"identical_alone": f"{same}/{len(ids)}", "identical_batch_of_4": batched}
         print(f"exactness fp32 {name}: alone {same}/{len(ids)}, batch of 4 {'identical' if batched else 'DIFFERENT'}")
@@ -68,7 +76,7 @@ def syncs_per_step(model, tokenizer, ids: list[list[int]], new: int) -> dict:
     for batch in (1, 4):
         inputs = batch_inputs(tokenizer, ids[:batch], model.device)
         for name, setting in SETTINGS.items():
-            la = Lookahead(*setting)
+            la = Lookahead(**setting)
             model.generate(**inputs, max_new_tokens=8, do_sample=False, custom_generate=la)  # warm up
             torch.cuda.synchronize()
             torch.cuda.set_sync_debug_mode("warn")
@@ -78,9 +86,13 @@ def syncs_per_step(model, tokenizer, ids: list[list[int]], new: int) -> dict:
                     model.generate(**inputs, max_new_tokens=new, do_sample=False, custom_generate=la)
             finally:
                 torch.cuda.set_sync_debug_mode("default")
-            syncs = sum("synchroniz" in str(w.message) for w in caught)
-            steps = la.last_stats.steps
-            where = sorted({str(w.filename).rsplit("/", 1)[-1] + ":" + str(w.lineno) for w in caught})[:12]
+            places = [
+                str(w.filename).rsplit("/", 1)[-1] + ":" + str(w.lineno)
+                for w in caught
+                if "synchroniz" in str(w.message)
+            ]
+            where = dict(Counter(places).most_common(12))  # file:line -> syncs there
+            syncs, steps = len(places), la.last_stats.steps
             results[f"batch {batch} {name}"] = {
                 "syncs": syncs,
                 "steps": steps,
@@ -88,6 +100,7 @@ def syncs_per_step(model, tokenizer, ids: list[list[int]], new: int) -> dict:
                 "where": where,
             }
             print(f"syncs batch {batch} {name}: {syncs} over {steps} forward passes ({syncs / steps:.2f} per step)")
+            print(f"  where: {where}")
     return results
 
 

@@ -79,7 +79,10 @@ class StepLayout:
         key = (device, dtype)
         if key not in self._derived:
             step_mask = additive_mask(self.mask, dtype)
-            self._derived[key] = tuple(t.to(device) for t in (self.positions, step_mask, self.logit_slots))
+            # non-blocking: the driver stages pageable memory before returning, and the host never waits
+            self._derived[key] = tuple(
+                t.to(device, non_blocking=True) for t in (self.positions, step_mask, self.logit_slots)
+            )
         return self._derived[key]
 
 

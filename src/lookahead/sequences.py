@@ -77,7 +77,8 @@ class SeqState:
         built when read (emitting a token only appends it to ``committed``)."""
         missing = self.length - self._ids.shape[1]
         if missing:
-            self._ids = torch.cat([self._ids, self._ids.new_tensor([self.committed[-missing:]])], dim=-1)
+            new = torch.tensor([self.committed[-missing:]], dtype=self._ids.dtype)  # on the host, sent without a wait
+            self._ids = torch.cat([self._ids, new.to(self._ids.device, non_blocking=True)], dim=-1)
         return self._ids
 
     @property

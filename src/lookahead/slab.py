@@ -198,7 +198,7 @@ class Slab:
         tensors, rows, heads, capacity, dim = self.data.shape
         if self._base_shape != self.data.shape:  # row of (tensor, sequence 0, head, column 0), [T, 1, H]
             base = (torch.arange(tensors)[:, None] * (rows * heads) + torch.arange(heads)[None]) * capacity
-            self._base, self._base_shape = base[:, None, :].to(self.data.device), self.data.shape
+            self._base, self._base_shape = base[:, None, :].to(self.data.device, non_blocking=True), self.data.shape
         past, per_sequence = self.end - step_length, heads * capacity
         offsets = [
             [b * per_sequence + past + at for b, _, at in moves],
