@@ -165,3 +165,30 @@ def test_adaptive_run_of_given_settings(capsys):
     assert out.tolist() == plain.tolist() and auto.lookahead._drafters  # it drafted, and exactly
     assert main(["bench", "humaneval", "--adaptive"]) == 1
     assert "--adaptive applies to the -W/-N/-G run" in capsys.readouterr().err
+
+
+def test_time_budget_skips_the_prompts_it_leaves_no_time_for(tmp_path, capsys, caplog):
+    """--time-budget: once the seconds have passed no further prompt starts; the first always
+    runs, the report counts the prompts that ran, and a budget that is not positive is refused."""
+    model, tokenizer = tiny_model("llama"), char_tokenizer()
+    prompts = [datasets.Prompt(f"p{i}", "abc" * (4 + i), False) for i in range(3)]
+    methods = bench.methods_for()
+    runs = bench.run_bench(model, tokenizer, prompts, methods, 6, progress=False, time_budget=1e-9)
+    assert {r.prompt for r in runs} == {"p0"} and len(runs) == len(methods)
+    assert "ran out after 1 of 3 batches" in caplog.text
+    runs = bench.run_bench(model, tokenizer, prompts, methods, 6, progress=False, time_budget=3600)
+    assert [r.prompt for r in runs[:: len(methods)]] == ["p0", "p1", "p2"]
+
+    checkpoint = tmp_path / "tiny"
+    model.save_pretrained(checkpoint)
+    tokenizer.save_pretrained(checkpoint)
+    data = tmp_path / "mine.jsonl"
+    data.write_text("".join(f'{{"prompt": "{p.text}"}}\n' for p in prompts))
+    args = ["bench", str(data), "--model", str(checkpoint), "--max-new-tokens", "6", "--dtype", "float32"]
+    out = tmp_path / "results"
+    assert main([*args, "--out", str(out), "--no-progress", "--time-budget", "1e-9"]) == 0
+    report = json.loads((out / "mine.json").read_text())
+    assert report["meta"]["n"] == 1 and {r["prompt"] for r in report["runs"]} == {"mine/0"}
+    assert "time budget: 1 of 3 prompts ran" in capsys.readouterr().out
+    assert main([*args, "--time-budget", "0"]) == 1
+    assert "--time-budget must be a positive number of seconds" in capsys.readouterr().err

@@ -11,6 +11,7 @@ JSON file, a Markdown table and PNG plots (matplotlib).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import statistics
 import threading
@@ -24,6 +25,8 @@ import torch
 from . import datasets
 from .bound import clairvoyant_bounds
 from .decoding import Lookahead, model_cost_curve
+
+logger = logging.getLogger(__name__)
 
 BOUND_CAP = 7  # the longest candidate the clairvoyant policy verifies (lookahead.bound)
 
@@ -139,6 +142,7 @@ def run_bench(
     progress: bool = True,
     batch_size: int = 1,
     repeats: int = 1,
+    time_budget: float | None = None,
 ) -> list[Run]:
     """Every method on every batch of ``batch_size`` prompts, alternating; one Run per (batch,
     method). Methods that cannot batch are left out when ``batch_size > 1``.
@@ -147,7 +151,11 @@ def run_bench(
     one method later (a machine whose speed drifts would otherwise favour whoever runs last), and
     a Run's ``seconds`` is the median. Outputs, tokens and step statistics are the first round's.
     A later round times the same call again. The text is the same, but ``Lookahead()`` carries its
-    drafting statistics from call to call, so a later round's steps can differ slightly."""
+    drafting statistics from call to call, so a later round's steps can differ slightly.
+
+    ``time_budget``: seconds; once they have passed (counted from the first timed batch), no
+    further batch is started, so the Runs cover the batches that were (at least one). For a
+    machine held for a fixed time: the report is of fewer prompts rather than of none."""
     from tqdm.auto import tqdm
 
     if repeats < 1:
@@ -175,7 +183,14 @@ def run_bench(
         bar.update()
         return out, seconds, memory.peak
 
-    for group in groups:
+    started = time.perf_counter()
+    for done, group in enumerate(groups):
+        if time_budget is not None and done and time.perf_counter() - started > time_budget:
+            logger.warning(
+                "bench: the time budget of %.0f s ran out after %d of %d batches; the rest were skipped",
+                time_budget, done, len(groups),
+            )  # fmt: skip
+            break
         inputs = {k: v.to(model.device) for k, v in datasets.encode_batch(tokenizer, group).items()}
         start_len = inputs["input_ids"].shape[1]
         reference = None

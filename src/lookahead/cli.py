@@ -80,6 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="time each prompt's methods this many times, in rotated order, and take the median (default: 1)",
     )
+    bench.add_argument(
+        "--time-budget",
+        type=float,
+        metavar="SECONDS",
+        help="per dataset and batch size: start no further prompt once this many seconds have passed, and "
+        "report those that ran (for a machine held for a fixed time)",
+    )
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching")
     serve.add_argument("--model", default=models.DEFAULT_MODEL, help="as for generate (default: %(default)s)")
@@ -217,6 +224,8 @@ def _bench(args) -> int:
     transformers.utils.logging.disable_progress_bar()
     if args.n < 1 or args.max_new_tokens < 1 or min(args.batch_size) < 1 or args.repeats < 1:
         raise ValueError("--n, --max-new-tokens, --batch-size and --repeats must be at least 1")
+    if args.time_budget is not None and not args.time_budget > 0:
+        raise ValueError(f"--time-budget must be a positive number of seconds, got {args.time_budget}")
     chosen = (args.window_size, args.ngram_size, args.max_candidates)
     if args.adaptive and chosen == (None,) * 3:
         raise ValueError("--adaptive applies to the -W/-N/-G run: give at least one of them")
@@ -240,13 +249,17 @@ def _bench(args) -> int:
                 not args.no_progress,
                 batch_size=batch,
                 repeats=args.repeats,
+                time_budget=args.time_budget,
             )
+            ran = len({run.prompt for run in runs}) * batch  # prompts the budget let run (the last batch may be short)
+            if ran < len(prompts):
+                print(f"time budget: {min(ran, len(prompts))} of {len(prompts)} prompts ran")
             report = label if args.batch_size == [1] else f"{label}-batch{batch}"
             meta = dict(
                 dataset=name,
                 model=args.model,
                 dtype=args.dtype,
-                n=len(prompts),
+                n=min(ran, len(prompts)),
                 max_new_tokens=args.max_new_tokens,
                 batch_size=batch,
                 repeats=args.repeats,
