@@ -44,6 +44,7 @@ offered again as its first candidate next step, where they are accepted at once 
 from __future__ import annotations
 
 import array
+import contextlib
 from collections.abc import Sequence
 
 import torch
@@ -125,6 +126,40 @@ def _n_layers(model) -> int:
     return model.config.get_text_config(decoder=True).num_hidden_layers
 
 
+def leave_cudnn_out() -> bool:
+    """Whether steps with a mask of their own should run without PyTorch's cuDNN attention: yes
+    where it is on and another backend is on too (where it is the only one, the caller chose it).
+
+    PyTorch prefers cuDNN attention on Hopper and newer GPUs (with a recent cuDNN), and by default
+    it builds an execution graph for each new shape of query, keys and mask, kept per shape
+    (``TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1``, opt-in, avoids that for some layouts). A lookahead
+    step's shape is new nearly every time (a tree of its own over a longer cache), so every step
+    would pay for a graph; on the H200 of 2026-12-04 every step cost about three times what the
+    same shape cost repeated (README, "On a GPU"; the cause is inferred, not yet timed both ways).
+    The memory-efficient kernel, next in line for a mask, builds nothing. A step of t alone keeps
+    the model's own mask, and so the kernel plain decoding uses (and its rounding). The switch is
+    PyTorch's process-wide flag, off only while such a step's forward pass runs."""
+    cuda = torch.backends.cuda
+    return cuda.cudnn_sdp_enabled() and (
+        cuda.flash_sdp_enabled() or cuda.mem_efficient_sdp_enabled() or cuda.math_sdp_enabled()
+    )
+
+
+class _CudnnAttentionOff:
+    """PyTorch's cuDNN attention off for the block, on again after (cheaper than ``sdpa_kernel``,
+    which reads and sets every backend's flag)."""
+
+    def __enter__(self) -> None:
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+    def __exit__(self, *exc) -> None:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+
+
+_AS_THEY_ARE = contextlib.nullcontext()
+_CUDNN_OFF = _CudnnAttentionOff()
+
+
 class DecoderRunner:
     """Decoder-only models: one DynamicCache, holes masked (see the module docstring)."""
 
@@ -149,6 +184,8 @@ class DecoderRunner:
         self.trimmed = False  # sliding layers have dropped columns: the model's own masks would not fit
         # sliding layers that drop columns keep tensors of their own; so do a newcomers' prefill
         self.use_slab = slab and not self.sliding
+        # read when the call starts, so that a caller's own ``sdpa_kernel`` choice holds
+        self.masked_attention = _CUDNN_OFF if leave_cudnn_out() else _AS_THEY_ARE
 
     def _logits_kwargs(self, slots: torch.Tensor | int) -> dict:
         return {"logits_to_keep": slots} if self.spec.keeps_logits else {}
@@ -237,14 +274,15 @@ class DecoderRunner:
             ones = self.key_pos.new_ones(len(step_ids), layout.length)
             mask = _send(torch.cat([(self.key_pos >= 0).long(), ones], dim=1), device)  # [B, C + L]
         extra = {"position_ids": positions} if self.spec.positions else {}
-        out = self.model(
-            input_ids=_send(_id_rows(step_ids), device),
-            **extra,
-            attention_mask=mask,
-            cache=self.cache,
-            use_cache=True,
-            **self._logits_kwargs(slots),
-        )
+        with self.masked_attention if mask is not None else _AS_THEY_ARE:  # see leave_cudnn_out
+            out = self.model(
+                input_ids=_send(_id_rows(step_ids), device),
+                **extra,
+                attention_mask=mask,
+                cache=self.cache,
+                use_cache=True,
+                **self._logits_kwargs(slots),
+            )
         return out.logits if self.spec.keeps_logits else out.logits[:, slots]
 
     def commit(self, layout: StepLayout, picks: Sequence[tuple[int | None, int]]) -> None:
@@ -343,6 +381,7 @@ class Seq2SeqRunner:
         self.encoder_hidden = encoder_outputs[0]  # [B, S_enc, D]
         self.encoder_mask = model_kwargs.get("attention_mask")  # [B, S_enc] or None
         self.cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        self.masked_attention = _CUDNN_OFF if leave_cudnn_out() else _AS_THEY_ARE  # see leave_cudnn_out
 
     def _forward(self, ids: torch.Tensor) -> torch.Tensor:  # ids [B, L] -> logits [B, L, V]
         return self.model(
@@ -361,7 +400,8 @@ class Seq2SeqRunner:
 
     def step(self, layout: StepLayout, step_ids: Sequence[Sequence[int]]) -> torch.Tensor:
         """A linear step ([t, c_1, ..., c_k] per sequence) -> the used slots' logits [B, K, V]."""
-        logits = self._forward(_send(_id_rows(step_ids), self.device))
+        with self.masked_attention if layout.length > 1 else _AS_THEY_ARE:
+            logits = self._forward(_send(_id_rows(step_ids), self.device))
         return logits[:, _send(layout.logit_slots, logits.device)]
 
     def commit(self, layout: StepLayout, picks: Sequence[tuple[int | None, int]]) -> None:
