@@ -5,6 +5,11 @@ emission, the cache commit, the rest). Each phase is timed with the device synch
 ends, so that a GPU's queued work is charged to the phase that queued it; the synchronisations
 cost a little, so the phases' sum runs slightly above an untimed call (also reported).
 
+The timed call runs the same text right after the untimed one, so anything the process keeps per
+shape is warm for it: on a GPU, cuDNN attention's graphs (one per new shape; see
+``lookahead.runner.leave_cudnn_out``). There the untimed figure is the one a fresh text meets,
+and ``benchmarks/gpu_gap.py`` times steps on texts new to the process.
+
     .venv/bin/python benchmarks/step_phases.py --dataset mtbench --prompt 2
     python3 benchmarks/step_phases.py --device cuda --json results/gpu/phases.json
 """
