@@ -22,11 +22,13 @@ one prompt's call under each variant, so that the suspect whose removal closes t
 
 and then the bare forward pass of the runner at a real context, for 1 and 64 new tokens: the same
 shape again and again, the way the curve times it (synchronised) and back to back, and a new shape
-each pass (the cache growing), with and without cuDNN attention.
+each pass (the cache growing by one), with and without cuDNN attention.
 
-Every timed call runs a prompt of its own (``--first`` on; greedy and ``Lookahead()`` share it),
-so that the shapes it meets are new to the process, as in the bench: cuDNN keeps the graph of
-every shape it has seen, and a second call on the same text would find them all built.
+Every timed call runs a prompt of its own (``--first`` on), so that the shapes it meets are
+mostly new to the process, as in the bench: cuDNN keeps the graph of every shape it has seen, and
+a second call on the same text would find them all built. As in the bench, greedy runs first on
+each prompt (so ``Lookahead()``'s steps of t alone, which have greedy's shapes, find theirs
+built), and cache lengths overlap from prompt to prompt.
 
     python3 benchmarks/gpu_gap.py --device cuda --json results/gpu/gap.json
     .venv/bin/python benchmarks/gpu_gap.py --device cpu --max-new-tokens 16 --rounds 1   # tries it
@@ -96,7 +98,8 @@ def call(model, inputs: dict, new: int, la: Lookahead | None) -> tuple[float, in
 def bare_passes(model, ids: list[int], reps: int) -> dict:
     """ms per forward pass of the runner after ``ids``, for 1 and 64 new tokens: the same shape
     again and again, synchronised after each pass (as the curve is timed) and back to back; a new
-    shape each pass (the cache kept, so it grows, as in a call; back to back); and, for 64 tokens,
+    shape each pass (t's entry kept, so the cache grows by one, as in a call; back to back); and,
+    for 64 tokens,
     that again with cuDNN attention allowed (the loop before it was left out of such steps)."""
     spec = check_model(model)
     results = {}
@@ -118,8 +121,8 @@ def bare_passes(model, ids: list[int], reps: int) -> dict:
                 runner.step(layout, step_ids)
                 if mode.endswith("synchronised"):
                     sync(model.device)
-                if grows:  # the entries stay: the next pass sees one more column per token
-                    runner.commit(layout, [(0 if k > 1 else None, k)])
+                if grows:  # t's entry stays: the next pass sees one more column, a new shape
+                    runner.commit(layout, [(None, 1)])
                 else:
                     runner.cache.crop(-k)
             sync(model.device)

@@ -269,7 +269,7 @@ def _bench(args) -> int:
             print(f"written: {out}/{report}.json, .md, .png\n")
         if len(by_batch) > 1:
             table = bench.batch_markdown(
-                by_batch, f"{label} by batch size ({args.model}, {args.dtype}, {len(prompts)} prompts)"
+                by_batch, f"{label} by batch size ({args.model}, {args.dtype}, up to {len(prompts)} prompts)"
             )
             (out / f"{label}-batches.md").write_text(table)
             print(table)

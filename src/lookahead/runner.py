@@ -127,8 +127,10 @@ def _n_layers(model) -> int:
 
 
 def leave_cudnn_out() -> bool:
-    """Whether steps with a mask of their own should run without PyTorch's cuDNN attention: yes
-    where it is on and another backend is on too (where it is the only one, the caller chose it).
+    """Whether steps whose mask the runner builds itself (every step but t alone in a batch
+    without holes) should run without PyTorch's cuDNN attention: yes where it is on and another
+    backend is on too (where it is the only one, the caller chose it; a priority order set with
+    ``sdpa_kernel(..., set_priority=True)`` is not read).
 
     PyTorch prefers cuDNN attention on Hopper and newer GPUs (with a recent cuDNN), and by default
     it builds an execution graph for each new shape of query, keys and mask, kept per shape
@@ -138,7 +140,10 @@ def leave_cudnn_out() -> bool:
     same shape cost repeated (README, "On a GPU"; the cause is inferred, not yet timed both ways).
     The memory-efficient kernel, next in line for a mask, builds nothing. A step of t alone keeps
     the model's own mask, and so the kernel plain decoding uses (and its rounding). The switch is
-    PyTorch's process-wide flag, off only while such a step's forward pass runs."""
+    PyTorch's process-wide flag, off only while such a step's forward pass runs (back on if it
+    raises): threads that run attention at the same time see it too, and one decoding call ending
+    its step turns it back on for another's. The server runs every forward pass on its one engine
+    thread."""
     cuda = torch.backends.cuda
     return cuda.cudnn_sdp_enabled() and (
         cuda.flash_sdp_enabled() or cuda.mem_efficient_sdp_enabled() or cuda.math_sdp_enabled()

@@ -55,6 +55,7 @@ from pathlib import Path
 import torch
 
 from .layout import build_layout
+from .runner import leave_cudnn_out
 
 logger = logging.getLogger(__name__)
 
@@ -165,13 +166,18 @@ def cost_curve(model, make_step: Callable[[], Callable[[int], None]]) -> CostCur
 
 
 def curve_key(model) -> str:
-    """What decides the cost of a forward pass: architecture, device, dtype, threads."""
+    """What decides the cost of a forward pass: architecture, device, dtype, threads; on CUDA also
+    whether wide steps leave cuDNN attention out (``runner.leave_cudnn_out``: a curve stored when
+    they did not was timed on another kernel)."""
     config = model.config.to_dict()
     shape = {k: v for k, v in config.items() if not k.startswith("_") and k not in _NOT_SHAPE}
     digest = hashlib.sha1(json.dumps(shape, sort_keys=True, default=str).encode()).hexdigest()[:16]
     dtype = next(model.parameters()).dtype
     model_type = getattr(model.config, "model_type", type(model).__name__)
-    return f"{model_type}-{digest}|{model.device}|{dtype}|{torch.get_num_threads()}"
+    key = f"{model_type}-{digest}|{model.device}|{dtype}|{torch.get_num_threads()}"
+    if model.device.type == "cuda":
+        key += "|no-cudnn-masked" if leave_cudnn_out() else "|sdpa-as-set"
+    return key
 
 
 # config entries that name or describe a checkpoint without changing what a forward pass computes
