@@ -16,8 +16,8 @@ with it once it agrees with its parent:
   tokens come in and kept over the last ``memory`` observations. Scoring only the drafted nodes
   would learn only about evidence that already looked good, and little of it where width is dear
   and most steps are plain. A bucket's rate is drawn towards its coarser bucket's (level, first
-  token), and that towards a prior from the counts alone (SuffixDecoding's frequency estimate),
-  each with the weight of ``prior_weight`` observations.
+  token), and that towards a prior for the level, first token and unanimity (``PRIORS``, measured
+  on the texts of 40 prompts), each with the weight of ``prior_weight`` observations.
 
 A node's path probability is the product of the rates along its path (siblings normalised so that
 they sum to at most 1: only one of them can match). Greedy verification accepts a path of the tree,
@@ -58,6 +58,25 @@ from .tuning import PLAIN, CostCurve
 
 Path = tuple[int, ...]
 WINDOW_ONLY = (0, 0)  # a step that carries the window and no tree
+
+# The prior of a node's rate, by its evidence level (``span_band``: 0 for a pooled n-gram), whether
+# it is a first token and whether it is unanimous (every occurrence through its parent continues
+# with it): how often such nodes matched, averaged over the greedy texts of 20 HumanEval and of 20
+# MT-bench prompts (SmolLM2, 256 tokens; every node scored, drafted or not, as the drafter scores
+# them). It is what a fresh drafter believes before it has seen any text: a first token after a
+# one-token context match matched 10% of the time (38% where unanimous), one after a 16-token match
+# 93-100%. The formula it replaces, 0.3 + 0.5 x the share of occurrences through the node, put a
+# unanimous first token after a one-token match at 0.8, and a fresh drafter lost most of its first
+# bets. Learnt rates take over within a few dozen observations per bucket.
+PRIORS = {  # (level, first token, unanimous) -> prior rate
+    (0, False, False): 0.10, (0, True, False): 0.03,
+    (1, False, False): 0.14, (1, False, True): 0.71, (1, True, False): 0.10, (1, True, True): 0.38,
+    (2, False, False): 0.27, (2, False, True): 0.77, (2, True, False): 0.24, (2, True, True): 0.64,
+    (3, False, False): 0.34, (3, False, True): 0.80, (3, True, False): 0.49, (3, True, True): 0.66,
+    (4, False, False): 0.31, (4, False, True): 0.91, (4, True, False): 0.48, (4, True, True): 0.99,
+    (8, False, False): 0.48, (8, False, True): 0.94, (8, True, False): 0.63, (8, True, True): 0.88,
+    (16, False, False): 0.87, (16, False, True): 0.99, (16, True, False): 0.93, (16, True, True): 1.0,
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -228,7 +247,7 @@ class TreeDrafter:
                 unanimous = node.support > 0 and node.support == above
                 bucket = (span_band(node.level), len(child) == 1, min(node.support, 3), unanimous)
                 buckets[child] = bucket
-                prior = 0.3 + 0.5 * node.support / above if node.support else 0.2
+                prior = PRIORS.get((bucket[0], bucket[1], unanimous), 0.1)  # pooled n-grams are never unanimous
                 rates.append(self.rate(bucket, prior, optimistic))
             scale = 1.0 / max(1.0, sum(rates))
             for child, r in zip(kids, rates, strict=True):
