@@ -7,6 +7,7 @@ c = 64; this shows how far that carries to the contexts a 256-token generation r
 
 import argparse
 
+import torch
 import transformers
 
 from lookahead import models, tuning
@@ -15,6 +16,7 @@ from lookahead.runner import DecoderRunner
 from lookahead.support import check_model
 
 
+@torch.no_grad()  # as generate runs: autograd would time (and keep) a graph per pass
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="smollm2")

@@ -115,6 +115,7 @@ def curve(model) -> dict:
     return {"T1_ms": 1000 * t1, "ratios": ratios}
 
 
+@torch.no_grad()  # as generate runs: autograd would time (and keep) a graph per pass
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2")

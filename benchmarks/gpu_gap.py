@@ -130,6 +130,7 @@ def bare_passes(model, ids: list[int], reps: int) -> dict:
     return results
 
 
+@torch.no_grad()  # as generate runs: autograd would time (and keep) a graph per pass
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2")

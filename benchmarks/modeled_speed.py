@@ -12,13 +12,17 @@ what a miscalibrated curve costs; add ``--decide-true`` to let the tuner decide 
 """
 
 import argparse
-import json
 import statistics
+import sys
+from pathlib import Path
 
 import transformers
 
-from lookahead import Lookahead, datasets, decoding, models, tuning
-from lookahead.runner import DecoderRunner
+sys.path.insert(0, str(Path(__file__).parent))
+import policy_share  # noqa: E402  (the stored curve)
+
+from lookahead import Lookahead, datasets, decoding, models, tuning  # noqa: E402
+from lookahead.runner import DecoderRunner  # noqa: E402
 
 
 def main() -> None:
@@ -33,9 +37,7 @@ def main() -> None:
     args = parser.parse_args()
     transformers.utils.logging.set_verbosity_error()
     model, tokenizer = models.load(args.model, dtype="float32")
-    stored = json.loads((models.cache_dir() / "cost-curves.json").read_text())
-    key = next(k for k in stored if args.model in k.lower() and "bfloat16" in k)
-    curve = tuning.CostCurve(tuple((int(k), float(s)) for k, s in stored[key]))
+    curve = policy_share.stored_curve(args.model)
     t1 = curve(1)
     true = tuning.CostCurve(tuple((k, t1 + (s - t1) * args.true_excess) for k, s in curve.points))
     decide = true if args.decide_true else curve
@@ -49,7 +51,7 @@ def main() -> None:
 
     DecoderRunner.step = priced
     variants = {"auto": {}, **{f"auto, no {flag}": {flag: False} for flag in args.off}}
-    print(f"bf16 curve {key}: T(k)/T(1) = " + ", ".join(f"{k}: {curve.ratio(k):.2f}" for k in (2, 4, 8, 16)))
+    print("stored bf16 curve: T(k)/T(1) = " + ", ".join(f"{k}: {curve.ratio(k):.2f}" for k in (2, 4, 8, 16)))
     print("\n| dataset | variant | modeled speedup (median) | (mean) | tokens/step | wide steps |")
     print("|---|---|---|---|---|---|")
     for name in args.datasets:

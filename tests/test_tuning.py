@@ -3,6 +3,7 @@
 from collections import Counter
 
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from tiny_models import repetitive_prompt, tiny_model
@@ -357,3 +358,34 @@ def test_batch_rows_without_candidates_count_one_token():
         assert (chooser.best([0] * 4) != PLAIN) == pays
     chooser.choose([0] * 4, at_hand=[0, 0, 0, 0])  # nothing at hand anywhere: a plain step
     assert chooser.available(1, 4) == 0
+
+
+@pytest.mark.parametrize("arch", ["llama", "t5"])
+def test_the_calibration_runs_without_autograd(arch, tmp_path, monkeypatch):
+    """The bench and the server ask for the curve outside generate, where autograd is on: the
+    calibration must not record graphs (timed with them, wide passes cost 1.3-2x what decoding
+    pays, and the curve is stored for good), and it is stored under the current calibration."""
+    from tiny_models import tiny_seq2seq
+
+    from lookahead.decoding import model_cost_curve
+
+    monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path))
+    model = tiny_seq2seq(arch) if arch == "t5" else tiny_model(arch)
+    grad_modes, real_measure = [], tuning.measure
+
+    def watched(step, **kwargs):
+        def step_and_look(k):
+            grad_modes.append(torch.is_grad_enabled())
+            step(k)
+
+        return real_measure(step_and_look, counts=(1, 2, 4), pairs=1)
+
+    monkeypatch.setattr(tuning, "measure", watched)
+    monkeypatch.setattr(tuning, "_curves", {})
+    with torch.enable_grad():
+        curve = model_cost_curve(model)
+        assert torch.is_grad_enabled()  # the caller's mode is left as it was
+    assert grad_modes and not any(grad_modes)
+    assert [k for k, _ in curve.points] == [1, 2, 4]
+    assert tuning.CALIBRATION in tuning.curve_key(model)
+    assert tuning._read_disk().keys() == {tuning.curve_key(model)}

@@ -296,7 +296,11 @@ def model_cost_curve(model, spec: MaskSpec | None = None) -> CostCurve:
     """The model's cost curve on its device, dtype and thread count, the one ``Lookahead()``
     prices its steps with: measured once, then read from disk (``lookahead.tuning.cost_curve``)."""
     spec = spec or check_model(model)
-    return cost_curve(model, lambda: _calibration_step(model, spec))
+    # without autograd, as generate runs (the bench and the server ask for the curve outside it):
+    # with it, every timed pass recorded a graph that the calibration cache kept alive, so wide
+    # passes were timed 1.3-2x dearer than decoding pays, and the process grew by GBs
+    with torch.no_grad():
+        return cost_curve(model, lambda: _calibration_step(model, spec))
 
 
 def _calibration_step(model, spec: MaskSpec):

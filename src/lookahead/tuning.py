@@ -166,7 +166,8 @@ def cost_curve(model, make_step: Callable[[], Callable[[int], None]]) -> CostCur
 
 
 def curve_key(model) -> str:
-    """What decides the cost of a forward pass: architecture, device, dtype, threads; on CUDA also
+    """What decides the cost of a forward pass: architecture, device, dtype, threads, and how it was
+    timed (``CALIBRATION``); on CUDA also
     whether wide steps leave cuDNN attention out (``runner.leave_cudnn_out``: a curve stored when
     they did not was timed on another kernel)."""
     config = model.config.to_dict()
@@ -174,11 +175,16 @@ def curve_key(model) -> str:
     digest = hashlib.sha1(json.dumps(shape, sort_keys=True, default=str).encode()).hexdigest()[:16]
     dtype = next(model.parameters()).dtype
     model_type = getattr(model.config, "model_type", type(model).__name__)
-    key = f"{model_type}-{digest}|{model.device}|{dtype}|{torch.get_num_threads()}"
+    key = f"{model_type}-{digest}|{model.device}|{dtype}|{torch.get_num_threads()}|{CALIBRATION}"
     if model.device.type == "cuda":
         key += "|no-cudnn-masked" if leave_cudnn_out() else "|sdpa-as-set"
     return key
 
+
+# how the curve was timed: bumped when a change to the calibration makes stored curves wrong, so
+# that they are measured again (2: without autograd; curves of `lookahead bench` and `lookahead
+# serve` on a fresh cache had been timed with it)
+CALIBRATION = "calibration-2"
 
 # config entries that name or describe a checkpoint without changing what a forward pass computes
 _NOT_SHAPE = {"name_or_path", "transformers_version", "dtype", "torch_dtype", "architectures"}
