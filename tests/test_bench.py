@@ -62,8 +62,28 @@ def test_bench_writes_json_markdown_and_plot(tmp_path, capsys):
     assert report["summary"][0]["bound"] is None  # greedy is what the bound is relative to
     fixed = next(r for r in report["runs"] if r["method"] == "lookahead(2,3,2)")
     assert fixed["own_cap"] == 2 and fixed["bound_own_cap"] <= fixed["bound"]
+    for run in report["runs"][1:]:  # the call's bound, prefill included, is below the decoding's
+        if run["method"] != "greedy":
+            assert 1.0 <= run["bound"] <= run["bound_decode"]
     assert "Against the clairvoyant bound" in table and "| second | " in table  # the per-prompt table
     assert "| greedy |" in capsys.readouterr().out
+
+
+def test_the_bound_is_the_calls_with_the_prefill_in_it():
+    """Greedy: 101 tokens in 10 s, 1 s of it the prefill (so 0.09 s per token after the first). A
+    clairvoyant decoding 3x as fast takes 1 + 100 x 0.09 / 3 = 4 s: 2.5x greedy's tokens per
+    second, where the decoding's bound alone says 3x. A lookahead run of 51 tokens (bf16 texts
+    part): 51 / (1 + 50 x 0.09 / 3) = 20.4 tokens/s against greedy's 10.1."""
+    greedy = bench.Run("greedy", "p", 101, 10.0, True, 0.0)
+    mine = bench.Run("lookahead(auto)", "p", 51, 5.0, False, 0.0, bound=3.0, bound_own_cap=2.0, prefill_seconds=1.0)
+    other = bench.Run("prompt_lookup(3)", "p", 101, 6.0, True, 0.0, bound=3.0)  # no prefill of its own
+    bench._call_bounds([greedy, mine, other])
+    assert other.bound == pytest.approx(2.5) and other.bound_decode == 3.0  # lookahead's prefill serves all
+    assert mine.bound == pytest.approx(51 / 2.5 / 10.1) and mine.bound_decode == 3.0
+    assert mine.bound_own_cap == pytest.approx(51 / (1 + 50 * 0.09 / 2) / 10.1)
+    alone = bench.Run("prompt_lookup(3)", "p", 101, 6.0, True, 0.0, bound=3.0)
+    bench._call_bounds([bench.Run("greedy", "p", 101, 10.0, True, 0.0), alone])  # no prefill timed
+    assert alone.bound == alone.bound_decode == 3.0
 
 
 def test_bench_rejects_unknown_dataset(capsys):

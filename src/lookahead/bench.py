@@ -4,7 +4,8 @@ All methods run in one process, alternating prompt by prompt, so that machine dr
 Speedups are medians of per-prompt ratios against plain greedy on the same prompt. At batch 1,
 every method's text is also scored against the clairvoyant bound (``lookahead.bound``: the
 speedup a policy that knew which candidates match would reach, paying the model's cost curve),
-so that a policy is judged by how much of what its candidates allow it reaches. Results go to a
+so that a policy is judged by how much of what its candidates allow it reaches. Like the
+speedups, the bound is the whole call's: the prefill, which no policy shortens, is in both. Results go to a
 JSON file, a Markdown table and PNG plots (matplotlib).
 """
 
@@ -53,9 +54,11 @@ class Run:
     wide_share: float | None = None  # share of lookahead steps that were wide (the rest: plain)
     settings: dict[str, int] | None = None  # steps per setting the tuner chose ("plain", "G=1,N=4", ...)
     repeat_seconds: list[float] = field(default_factory=list)  # every timing of this call; seconds: their median
-    bound: float | None = None  # the clairvoyant speedup on this run's text (batch 1; see lookahead.bound)
+    bound: float | None = None  # the clairvoyant speedup of the call on this run's text (batch 1; _call_bound)
     bound_own_cap: float | None = None  # the same with candidates no longer than the method's own
     own_cap: int | None = None  # the method's longest candidate (lookahead: N - 1)
+    bound_decode: float | None = None  # the bound of the decoding alone, the prefill left out (lookahead.bound)
+    prefill_seconds: float | None = None  # lookahead's prefill of the prompt (the same forward pass for all)
 
     @property
     def tokens_per_second(self) -> float:
@@ -220,6 +223,7 @@ def run_bench(
                     settings=dict(stats.settings) if stats else None,
                     **bounds,
                     repeat_seconds=[seconds],
+                    prefill_seconds=stats.prefill_seconds if stats else None,
                 )
             )
         for round_ in range(1, repeats):
@@ -228,6 +232,8 @@ def run_bench(
                 mine[i].repeat_seconds.append(timed(methods[i], inputs)[1])
         for run in mine:
             run.seconds = statistics.median(run.repeat_seconds)
+        if curve is not None:
+            _call_bounds(mine)
         runs += mine
     bar.close()
     return runs
@@ -244,6 +250,34 @@ def _bounds(prompt: list[int], output: list[int], curve, method: Method) -> dict
     bounds = clairvoyant_bounds(prompt, output, curve, caps=(BOUND_CAP, own or 0), extra=extra)
     capped = bounds[own].speedup if own is not None else None
     return {"bound": bounds[BOUND_CAP].speedup, "bound_own_cap": capped, "own_cap": own}
+
+
+def _call_bounds(group: list[Run]) -> None:
+    """Turn each run's bound from the decoding's (lookahead.bound: tokens after the first, per
+    plain step) into the call's, which is what a measured speedup is: no policy shortens the
+    prefill, so the clairvoyant call takes the prefill plus its decoding. In greedy's time per
+    token t (greedy's call less the prefill, over its tokens after the first) and the prefill's P:
+    (n / (P + (n - 1) t / bound)) / (greedy's n / greedy's seconds). Without a lookahead run to
+    time the prefill, or with greedy's call too short to say, the decoding's bound stands."""
+    greedy = next(r for r in group if r.method == "greedy")
+    prefills = [r.prefill_seconds for r in group if r.prefill_seconds]
+    prefill = min(prefills) if prefills else None
+    usable = prefill is not None and greedy.new_tokens > 1 and greedy.seconds > prefill
+    per_token = (greedy.seconds - prefill) / (greedy.new_tokens - 1) if usable else None
+    greedy_rate = greedy.new_tokens / greedy.seconds
+
+    def call(decode: float, tokens: int) -> float:  # tokens per second over greedy's, at the bound
+        return tokens / (prefill + (tokens - 1) * per_token / decode) / greedy_rate
+
+    for run in group:
+        if run.bound is None:
+            continue
+        run.bound_decode = run.bound
+        if per_token is None or run.new_tokens < 2:
+            continue
+        run.bound = call(run.bound, run.new_tokens)
+        if run.bound_own_cap is not None:
+            run.bound_own_cap = call(run.bound_own_cap, run.new_tokens)
 
 
 def speedup(run: Run, greedy: Run) -> float:
@@ -263,6 +297,7 @@ def summarize(runs: list[Run]) -> list[dict]:
         ratios = [speedup(r, greedy[r.prompt]) for r in mine]
         bounds = [r.bound for r in mine if r.bound is not None]
         capped = [r.bound_own_cap for r in mine if r.bound_own_cap is not None]
+        decode = [r.bound_decode for r in mine if r.bound_decode is not None]
         settings: dict[str, int] = {}
         for r in mine:
             for key, count in (r.settings or {}).items():
@@ -285,6 +320,7 @@ def summarize(runs: list[Run]) -> list[dict]:
                 "settings": dict(sorted(settings.items(), key=lambda kv: -kv[1])) or None,
                 # the clairvoyant bound (median over prompts) and the median speedup's share of it
                 "bound": statistics.median(bounds) if bounds else None,
+                "bound_decode": statistics.median(decode) if decode else None,
                 "share_of_bound": statistics.median(ratios) / statistics.median(bounds) if bounds else None,
                 "bound_own_cap": statistics.median(capped) if capped else None,
                 "share_of_bound_own_cap": statistics.median(ratios) / statistics.median(capped) if capped else None,
@@ -313,7 +349,8 @@ def markdown(rows: list[dict], title: str) -> str:
         lines += [
             "",
             f"Against the clairvoyant bound (lookahead.bound: every candidate's match known in advance, this "
-            f"model's cost curve; candidates up to {BOUND_CAP} tokens, and up to the method's own longest):",
+            f"model's cost curve; candidates up to {BOUND_CAP} tokens, and up to the method's own longest; the "
+            f"call's, the prefill included as the speedups include it):",
             "",
             f"| method | speedup (median) | bound, cap {BOUND_CAP} (median) | share | bound, own cap | share |",
             "|---|---|---|---|---|---|",
