@@ -86,6 +86,24 @@ def test_the_bound_is_the_calls_with_the_prefill_in_it():
     assert alone.bound == alone.bound_decode == 3.0
 
 
+def test_the_share_of_the_bound_three_ways():
+    """Prompt a: 2x of a 4x bound (50%), at its bound 100 / (4 x 10 tokens/s) = 2.5 s of its 5 s;
+    prompt b: 5x of 5x (100%), 2 s of 2 s. Median prompt: 75%; pooled: 4.5 s of 7 s; median
+    speedup over median bound: 3.5 / 4.5."""
+    runs = [
+        bench.Run("greedy", "a", 100, 10.0, True, 0.0),
+        bench.Run("lookahead(auto)", "a", 100, 5.0, True, 0.0, bound=4.0),
+        bench.Run("greedy", "b", 100, 10.0, True, 0.0),
+        bench.Run("lookahead(auto)", "b", 100, 2.0, True, 0.0, bound=5.0),
+    ]
+    greedy, mine = bench.summarize(runs)
+    assert greedy["share_median_prompt"] is None and greedy["share_pooled"] is None
+    assert mine["share_median_prompt"] == pytest.approx(0.75)
+    assert mine["share_pooled"] == pytest.approx(4.5 / 7)
+    assert mine["share_of_bound"] == pytest.approx(3.5 / 4.5)
+    assert "| 75% | 64% |" in bench.markdown([greedy, mine], "t")
+
+
 def test_bench_rejects_unknown_dataset(capsys):
     assert main(["bench", "nope", "--model", "smollm2"]) == 1
     assert "unknown dataset 'nope'" in capsys.readouterr().err

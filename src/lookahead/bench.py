@@ -280,6 +280,23 @@ def _call_bounds(group: list[Run]) -> None:
             run.bound_own_cap = call(run.bound_own_cap, run.new_tokens)
 
 
+def _shares(bounded: list[Run], greedy: dict[str, Run]) -> dict:
+    """A method's share of the bound, per prompt and pooled: ``share_median_prompt``, the median
+    of each prompt's speedup over its own bound; ``share_pooled``, the seconds all its calls would
+    have taken at their bounds (each prompt's tokens at its bound times greedy's rate on it) over
+    the seconds they took. The summary's ``share_of_bound`` (median speedup over median bound, as
+    reported from the first) divides figures of two different prompts where speedups and bounds
+    rank the prompts differently."""
+    if not bounded:
+        return {"share_median_prompt": None, "share_pooled": None}
+    per_prompt = [speedup(r, greedy[r.prompt]) / r.bound for r in bounded]
+    at_bound = sum(r.new_tokens / (r.bound * greedy[r.prompt].tokens_per_second) for r in bounded)
+    return {
+        "share_median_prompt": statistics.median(per_prompt),
+        "share_pooled": at_bound / sum(r.seconds for r in bounded),
+    }
+
+
 def speedup(run: Run, greedy: Run) -> float:
     """Tokens per second relative to greedy on the same prompt."""
     return greedy.seconds / run.seconds * run.new_tokens / greedy.new_tokens
@@ -298,6 +315,7 @@ def summarize(runs: list[Run]) -> list[dict]:
         bounds = [r.bound for r in mine if r.bound is not None]
         capped = [r.bound_own_cap for r in mine if r.bound_own_cap is not None]
         decode = [r.bound_decode for r in mine if r.bound_decode is not None]
+        shares = _shares([r for r in mine if r.bound is not None], greedy)
         settings: dict[str, int] = {}
         for r in mine:
             for key, count in (r.settings or {}).items():
@@ -322,6 +340,9 @@ def summarize(runs: list[Run]) -> list[dict]:
                 "bound": statistics.median(bounds) if bounds else None,
                 "bound_decode": statistics.median(decode) if decode else None,
                 "share_of_bound": statistics.median(ratios) / statistics.median(bounds) if bounds else None,
+                # the same share, read two more ways: the median prompt's share of its own bound, and
+                # all prompts' time at their bounds over all their time (see _shares)
+                **shares,
                 "bound_own_cap": statistics.median(capped) if capped else None,
                 "share_of_bound_own_cap": statistics.median(ratios) / statistics.median(capped) if capped else None,
             }
@@ -350,17 +371,20 @@ def markdown(rows: list[dict], title: str) -> str:
             "",
             f"Against the clairvoyant bound (lookahead.bound: every candidate's match known in advance, this "
             f"model's cost curve; candidates up to {BOUND_CAP} tokens, and up to the method's own longest; the "
-            f"call's, the prefill included as the speedups include it):",
+            f"call's, the prefill included as the speedups include it). Share: the median speedup over the median "
+            f"bound; (median prompt): the median of each prompt's speedup over its own bound; (pooled): the time "
+            f"all calls would take at their bounds over the time they took:",
             "",
-            f"| method | speedup (median) | bound, cap {BOUND_CAP} (median) | share | bound, own cap | share |",
-            "|---|---|---|---|---|---|",
+            f"| method | speedup (median) | bound, cap {BOUND_CAP} (median) | share | share (median prompt) "
+            "| share (pooled) | bound, own cap | share |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for r in bounded:
             own = "-" if r["bound_own_cap"] is None else f"{r['bound_own_cap']:.2f}x"
             own_share = "-" if r["share_of_bound_own_cap"] is None else f"{r['share_of_bound_own_cap']:.0%}"
             lines.append(
-                f"| {r['method']} | {r['speedup']:.2f}x | {r['bound']:.2f}x | {r['share_of_bound']:.0%} | {own} "
-                f"| {own_share} |"
+                f"| {r['method']} | {r['speedup']:.2f}x | {r['bound']:.2f}x | {r['share_of_bound']:.0%} "
+                f"| {r['share_median_prompt']:.0%} | {r['share_pooled']:.0%} | {own} | {own_share} |"
             )
     chosen = [r for r in rows if r.get("settings")]
     if chosen:
