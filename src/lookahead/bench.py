@@ -54,7 +54,7 @@ class Run:
     wide_share: float | None = None  # share of lookahead steps that were wide (the rest: plain)
     settings: dict[str, int] | None = None  # steps per setting the tuner chose ("plain", "G=1,N=4", ...)
     repeat_seconds: list[float] = field(default_factory=list)  # every timing of this call; seconds: their median
-    bound: float | None = None  # the clairvoyant speedup of the call on this run's text (batch 1; _call_bound)
+    bound: float | None = None  # the clairvoyant speedup of the call on this run's text (batch 1; _call_bounds)
     bound_own_cap: float | None = None  # the same with candidates no longer than the method's own
     own_cap: int | None = None  # the method's longest candidate (lookahead: N - 1)
     bound_decode: float | None = None  # the bound of the decoding alone, the prefill left out (lookahead.bound)
@@ -284,8 +284,8 @@ def _shares(bounded: list[Run], greedy: dict[str, Run]) -> dict:
     """A method's share of the bound, per prompt and pooled: ``share_median_prompt``, the median
     of each prompt's speedup over its own bound; ``share_pooled``, the seconds all its calls would
     have taken at their bounds (each prompt's tokens at its bound times greedy's rate on it) over
-    the seconds they took. The summary's ``share_of_bound`` (median speedup over median bound, as
-    reported from the first) divides figures of two different prompts where speedups and bounds
+    the seconds they took. The summary's ``share_of_bound`` (median speedup over median bound, the
+    one reported before these) divides figures of two different prompts where speedups and bounds
     rank the prompts differently."""
     if not bounded:
         return {"share_median_prompt": None, "share_pooled": None}
