@@ -35,12 +35,14 @@ NEW = 30
 
 
 def run_engine(model, cfg, prompts, arrivals, *, seeds=None, temperature=None, shared=None, drafter=None,
-               on_engine=None):  # fmt: skip
+               on_engine=None, curve=None):  # fmt: skip
     """Admit prompt i at step ``arrivals[i]`` of a running engine -> (texts, stats); ``on_engine``
-    sees the engine before its first step."""
+    sees the engine before its first step; ``curve``: the chooser's cost curve (else the model's,
+    timed once per cache: a test that needs given choices gives it)."""
     spec = check_model(model)
     stats = LookaheadStats(config=cfg, accepted_hist=[0] * cfg.max_emitted)
-    engine = Engine(model, cfg, spec, make_chooser(model, cfg, spec, 1), Emitter(), stats, drafter=drafter)
+    chooser = make_chooser(model, cfg, spec, 1, curve)
+    engine = Engine(model, cfg, spec, chooser, Emitter(), stats, drafter=drafter)
     if on_engine is not None:
         on_engine(engine)
     seqs, step = {}, 0
@@ -80,7 +82,9 @@ def test_sequences_joining_a_running_batch_match_generate_alone(arch, setting):
 def test_a_sequence_left_alone_drafts_with_the_window_it_kept_in_the_batch(arch):
     """Adaptive settings with a window, as a server on CUDA runs them: while sequences share the
     batch the chooser steps them, window and all; once one is left alone the drafter takes over
-    and its window (filled in the batch) rides on the drafted steps. Every text is generate's."""
+    and its window (filled in the batch) rides on the drafted steps. Every text is generate's.
+    Chooser and drafter price with one given flat curve: with the tiny model's measured one (a
+    fresh cache's), the chooser could keep the batch's steps narrow and the window never filled."""
     model = tiny_model(arch)
     prompts = [repetitive_prompt(n, seed)[0].tolist() for seed, n in enumerate((24, 7, 30))]
     cfg = LookaheadConfig(4, 4, 4, adaptive=True)
@@ -104,7 +108,7 @@ def test_a_sequence_left_alone_drafts_with_the_window_it_kept_in_the_batch(arch)
 
         engine.step, drafter.draft = step_watched, draft_watched
 
-    texts, stats = run_engine(model, cfg, prompts, [0, 0, 5], drafter=drafter, on_engine=watch)
+    texts, stats = run_engine(model, cfg, prompts, [0, 0, 5], drafter=drafter, on_engine=watch, curve=flat)
     for prompt, text in zip(prompts, texts, strict=True):
         expected = model.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False)
         assert text == expected[0, len(prompt) :].tolist(), arch
