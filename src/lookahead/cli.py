@@ -251,15 +251,16 @@ def _bench(args) -> int:
                 repeats=args.repeats,
                 time_budget=args.time_budget,
             )
-            ran = len({run.prompt for run in runs}) * batch  # prompts the budget let run (the last batch may be short)
+            # prompts the budget let run (the last batch may be short)
+            ran = min(len({run.prompt for run in runs}) * batch, len(prompts))
             if ran < len(prompts):
-                print(f"time budget: {min(ran, len(prompts))} of {len(prompts)} prompts ran")
+                print(f"time budget: {ran} of {len(prompts)} prompts ran")
             report = label if args.batch_size == [1] else f"{label}-batch{batch}"
             meta = dict(
                 dataset=name,
                 model=args.model,
                 dtype=args.dtype,
-                n=min(ran, len(prompts)),
+                n=ran,
                 max_new_tokens=args.max_new_tokens,
                 batch_size=batch,
                 repeats=args.repeats,

@@ -165,6 +165,12 @@ def cost_curve(model, make_step: Callable[[], Callable[[int], None]]) -> CostCur
     return curve
 
 
+# how the curve was timed: bumped when a change to the calibration makes stored curves wrong, so
+# that they are measured again (2: without autograd; curves of `lookahead bench` and `lookahead
+# serve` on a fresh cache had been timed with it)
+CALIBRATION = "calibration-2"
+
+
 def curve_key(model) -> str:
     """What decides the cost of a forward pass: architecture, device, dtype, threads, and how it was
     timed (``CALIBRATION``); on CUDA also
@@ -180,11 +186,6 @@ def curve_key(model) -> str:
         key += "|no-cudnn-masked" if leave_cudnn_out() else "|sdpa-as-set"
     return key
 
-
-# how the curve was timed: bumped when a change to the calibration makes stored curves wrong, so
-# that they are measured again (2: without autograd; curves of `lookahead bench` and `lookahead
-# serve` on a fresh cache had been timed with it)
-CALIBRATION = "calibration-2"
 
 # config entries that name or describe a checkpoint without changing what a forward pass computes
 _NOT_SHAPE = {"name_or_path", "transformers_version", "dtype", "torch_dtype", "architectures"}
