@@ -90,21 +90,25 @@ class Oracle:
 
 
 def greedy_texts(path: Path, model, tokenizer, names: list[str], n: int, new: int) -> list[dict]:
-    """Plain greedy outputs of the first n prompts of each dataset, made once and kept in ``path``."""
-    if path.exists():
-        rows = json.loads(path.read_text())
-        if all(sum(r["dataset"] == name for r in rows) >= n for name in names):
-            return rows
-    rows = []
+    """Plain greedy outputs of the first n prompts of each dataset (``datasets.load``), made once
+    and kept in ``path``; a prompt the file lacks (another selection, another n) is made and added."""
+    kept = json.loads(path.read_text()) if path.exists() else []
+    have = {(r["dataset"], r["prompt"]): r for r in kept}
+    rows, made = [], 0
     for name in names:
         for prompt in datasets.load(name, n):
-            inputs = datasets.encode(tokenizer, prompt)
-            ids = inputs["input_ids"][0].tolist()
-            out = model.generate(**inputs, max_new_tokens=new, do_sample=False)
-            rows.append({"dataset": name, "prompt": prompt.id, "ids": ids, "output": out[0, len(ids) :].tolist()})
-            print(f"  greedy text {name} {prompt.id}: {len(rows[-1]['output'])} tokens", flush=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(rows))
+            if (name, prompt.id) not in have:
+                inputs = datasets.encode(tokenizer, prompt)
+                ids = inputs["input_ids"][0].tolist()
+                out = model.generate(**inputs, max_new_tokens=new, do_sample=False)
+                have[name, prompt.id] = {"dataset": name, "prompt": prompt.id, "ids": ids,
+                                         "output": out[0, len(ids) :].tolist()}  # fmt: skip
+                made += 1
+                print(f"  greedy text {name} {prompt.id}: {len(have[name, prompt.id]['output'])} tokens", flush=True)
+            rows.append(have[name, prompt.id])
+    if made:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(list(have.values())))
     return rows
 
 

@@ -1,6 +1,7 @@
 """`lookahead bench` end to end on a tiny saved checkpoint: tables, JSON and plots are written."""
 
 import json
+import math
 import statistics
 import time
 
@@ -16,7 +17,9 @@ def test_bench_writes_json_markdown_and_plot(tmp_path, capsys):
     tiny_model("llama").save_pretrained(checkpoint)
     char_tokenizer().save_pretrained(checkpoint)
     prompts = tmp_path / "mine.jsonl"
-    prompts.write_text('{"prompt": "abcabcabcabcab"}\n\n{"prompt": "xyzxyzxyz", "id": "second"}\n')
+    prompts.write_text(
+        '{"prompt": "abcabcabcabcab", "kind": "abc"}\n\n{"prompt": "xyzxyzxyz", "id": "second", "kind": "xyz"}\n'
+    )
     out = tmp_path / "results"
     code = main(
         [
@@ -66,6 +69,10 @@ def test_bench_writes_json_markdown_and_plot(tmp_path, capsys):
         if run["method"] != "greedy":
             assert 1.0 <= run["bound"] <= run["bound_decode"]
     assert "Against the clairvoyant bound" in table and "| second | " in table  # the per-prompt table
+    assert [(k["method"], k["kind"], k["prompts"]) for k in report["kinds"]] == [
+        (method, kind, 1) for method in methods[1:] for kind in ("abc", "xyz")
+    ]
+    assert "By prompt kind" in table and "| lookahead(auto) | xyz | 1 |" in table
     assert "| greedy |" in capsys.readouterr().out
 
 
@@ -102,6 +109,31 @@ def test_the_share_of_the_bound_three_ways():
     assert mine["share_pooled"] == pytest.approx(4.5 / 7)
     assert mine["share_of_bound"] == pytest.approx(3.5 / 4.5)
     assert "| 75% | 64% |" in bench.markdown([greedy, mine], "t")
+
+
+def test_speedups_by_prompt_kind_with_an_interval_from_the_prompts_spread():
+    """Greedy takes 10 s on every prompt. Kind "slow": log speedups -0.4, -0.3, -0.2, mean -0.3,
+    standard deviation 0.1, so the 95% interval is exp(-0.3 +- 4.303 x 0.1 / sqrt 3) = 0.58-0.95x:
+    below 1.0x beyond noise. Kind "mixed": 2x and 0.5x, geomean 1x, an interval far around 1. Kind
+    "one": a single prompt, no interval."""
+    speeds = {"s1": ("slow", -0.4), "s2": ("slow", -0.3), "s3": ("slow", -0.2), "m1": ("mixed", math.log(2)),
+              "m2": ("mixed", math.log(0.5)), "o1": ("one", 0.0)}  # fmt: skip
+    runs = []
+    for prompt, (kind, log_speed) in speeds.items():
+        runs.append(bench.Run("greedy", prompt, 100, 10.0, True, 0.0, kind=kind))
+        runs.append(bench.Run("lookahead(auto)", prompt, 100, 10.0 / math.exp(log_speed), True, 0.0, kind=kind))
+    slow, mixed, one = bench.kind_rows(runs)
+    assert (slow["kind"], slow["prompts"], slow["slowest_prompt"]) == ("slow", 3, "s1")
+    assert slow["speedup"] == pytest.approx(math.exp(-0.3)) and slow["slowest"] == pytest.approx(math.exp(-0.4))
+    half = 4.303 * 0.1 / math.sqrt(3)
+    assert slow["interval"] == pytest.approx([math.exp(-0.3 - half), math.exp(-0.3 + half)])
+    assert slow["below_one"] and slow["interval"][1] == pytest.approx(0.950, abs=1e-3)
+    assert mixed["speedup_geomean"] == pytest.approx(1.0) and mixed["interval"][0] < 0.01 and not mixed["below_one"]
+    assert one["interval"] is None and not one["below_one"]
+    table = bench.kind_markdown([slow, mixed, one])
+    assert "| lookahead(auto) | slow | 3 | 0.74x | 0.74x | 0.58-0.95x | 0.67x (s1) |" in table
+    assert "beyond noise (the whole interval under 1): lookahead(auto) on slow." in table
+    assert bench.kind_markdown([slow]) == ""  # one kind: the summary already says it
 
 
 def test_bench_rejects_unknown_dataset(capsys):

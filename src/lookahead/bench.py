@@ -5,14 +5,17 @@ Speedups are medians of per-prompt ratios against plain greedy on the same promp
 every method's text is also scored against the clairvoyant bound (``lookahead.bound``: the
 speedup a policy that knew which candidates match would reach, paying the model's cost curve),
 so that a policy is judged by how much of what its candidates allow it reaches. Like the
-speedups, the bound is the whole call's: the prefill, which no policy shortens, is in both. Results go to a
-JSON file, a Markdown table and PNG plots (matplotlib).
+speedups, the bound is the whole call's: the prefill, which no policy shortens, is in both. Where
+the prompts are of several kinds (MT-bench's categories), speedups are also reported per kind, with
+a 95% interval from the spread of the kind's prompts, so that a kind slower than greedy beyond
+noise stands out. Results go to a JSON file, a Markdown table and PNG plots (matplotlib).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import statistics
 import threading
@@ -59,6 +62,7 @@ class Run:
     own_cap: int | None = None  # the method's longest candidate (lookahead: N - 1)
     bound_decode: float | None = None  # the bound of the decoding alone, the prefill left out (lookahead.bound)
     prefill_seconds: float | None = None  # lookahead's prefill of the prompt (the same forward pass for all)
+    kind: str = ""  # the prompt's kind (datasets.Prompt.kind; a batch's kinds joined by "+")
 
     @property
     def tokens_per_second(self) -> float:
@@ -213,6 +217,7 @@ def run_bench(
                 Run(
                     method=method.name,
                     prompt="+".join(p.id for p in group),
+                    kind="+".join(dict.fromkeys(p.kind for p in group)),
                     new_tokens=new_tokens,
                     seconds=seconds,
                     identical=out.shape == reference.shape and bool((out == reference).all()),
@@ -350,6 +355,73 @@ def summarize(runs: list[Run]) -> list[dict]:
     return rows
 
 
+# two-sided 95% quantiles of Student's t by degrees of freedom (1.96 beyond the table)
+_T95 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+    2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+
+def kind_rows(runs: list[Run]) -> list[dict]:
+    """Per method (greedy aside) and prompt kind: how many prompts, the median and geometric-mean
+    speedup over greedy, a 95% interval for the kind's geometric mean (Student's t over the
+    prompts' log speedups: the prompts of a kind are a sample of it, and their spread, timing
+    noise included, is the noise; None for a single prompt), and the slowest prompt.
+    ``below_one``: the whole interval lies under 1.0x, a kind slower than greedy beyond noise."""
+    greedy = {r.prompt: r for r in runs if r.method == "greedy"}
+    out = []
+    for name in dict.fromkeys(r.method for r in runs if r.method != "greedy"):
+        mine = [r for r in runs if r.method == name]
+        for kind in dict.fromkeys(r.kind for r in mine):
+            ratios = {r.prompt: speedup(r, greedy[r.prompt]) for r in mine if r.kind == kind}
+            logs = [math.log(x) for x in ratios.values()]
+            mean = statistics.fmean(logs)
+            low = high = None
+            freedom = len(logs) - 1
+            if freedom:
+                t = _T95[freedom - 1] if freedom <= len(_T95) else 1.96
+                half = t * statistics.stdev(logs) / math.sqrt(len(logs))
+                low, high = math.exp(mean - half), math.exp(mean + half)
+            slowest = min(ratios, key=ratios.get)
+            out.append(
+                {
+                    "method": name,
+                    "kind": kind,
+                    "prompts": len(ratios),
+                    "speedup": statistics.median(ratios.values()),
+                    "speedup_geomean": math.exp(mean),
+                    "interval": None if low is None else [low, high],
+                    "slowest": ratios[slowest],
+                    "slowest_prompt": slowest,
+                    "below_one": high is not None and high < 1.0,
+                }
+            )
+    return out
+
+
+def kind_markdown(kinds: list[dict]) -> str:
+    """The per-kind table (``kind_rows``), and which kinds fall below 1.0x beyond noise; empty
+    when every prompt is of one kind (the summary says it all)."""
+    if len({k["kind"] for k in kinds}) < 2:
+        return ""
+    lines = [
+        "By prompt kind: speedup over greedy; the interval is 95% for the kind's geometric mean, from "
+        "the spread of its prompts (none for one prompt):",
+        "",
+        "| method | kind | prompts | speedup (median) | geomean | 95% interval | slowest |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for k in kinds:
+        interval = "-" if k["interval"] is None else f"{k['interval'][0]:.2f}-{k['interval'][1]:.2f}x"
+        lines.append(
+            f"| {k['method']} | {k['kind'] or '-'} | {k['prompts']} | {k['speedup']:.2f}x "
+            f"| {k['speedup_geomean']:.2f}x | {interval} | {k['slowest']:.2f}x ({k['slowest_prompt']}) |"
+        )
+    below = [f"{k['method']} on {k['kind']}" for k in kinds if k["below_one"]]
+    lines += ["", f"Below 1.0x beyond noise (the whole interval under 1): {', '.join(below) or 'none'}."]
+    return "\n".join(lines) + "\n"
+
+
 def markdown(rows: list[dict], title: str) -> str:
     lines = [
         f"### {title}",
@@ -477,6 +549,7 @@ def write_report(runs: list[Run], out_dir: Path, name: str, meta: dict) -> tuple
     """Write NAME.json, NAME.md and NAME.png under out_dir; return the Markdown and the rows."""
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = summarize(runs)
+    kinds = kind_rows(runs)
     meta = {**meta, "load_average": os.getloadavg()[0], "torch_threads": torch.get_num_threads()}
     batch = f", batch {meta['batch_size']}" if meta.get("batch_size", 1) > 1 else ""
     timed = f", median of {meta['repeats']} timings" if meta.get("repeats", 1) > 1 else ""
@@ -485,8 +558,10 @@ def write_report(runs: list[Run], out_dir: Path, name: str, meta: dict) -> tuple
         f"{name} ({meta['model']}, {meta['dtype']}, {meta['n']} prompts, {meta['max_new_tokens']} new tokens"
         f"{batch}{timed})",
     )
+    by_kind = kind_markdown(kinds)
+    table += f"\n{by_kind}" if by_kind else ""
     (out_dir / f"{name}.json").write_text(
-        json.dumps({"meta": meta, "summary": rows, "runs": [r.__dict__ for r in runs]}, indent=1)
+        json.dumps({"meta": meta, "summary": rows, "kinds": kinds, "runs": [r.__dict__ for r in runs]}, indent=1)
     )
     per_prompt = prompt_markdown(runs)
     per_prompt = f"\nPer prompt:\n\n{per_prompt}" if per_prompt else ""

