@@ -68,7 +68,7 @@ def test_bench_writes_json_markdown_and_plot(tmp_path, capsys):
     for run in report["runs"][1:]:  # the call's bound, prefill included, is below the decoding's
         if run["method"] != "greedy":
             assert 1.0 <= run["bound"] <= run["bound_decode"]
-    assert "Against the clairvoyant bound" in table and "| second | " in table  # the per-prompt table
+    assert "Against the clairvoyant bound" in table and "| second | xyz | " in table
     assert [(k["method"], k["kind"], k["prompts"]) for k in report["kinds"]] == [
         (method, kind, 1) for method in methods[1:] for kind in ("abc", "xyz")
     ]

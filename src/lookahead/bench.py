@@ -469,15 +469,19 @@ def markdown(rows: list[dict], title: str) -> str:
 
 
 def prompt_markdown(runs: list[Run]) -> str:
-    """Per prompt: each method's speedup over greedy, the clairvoyant bound on its text (cap
-    BOUND_CAP) and the share of it reached."""
+    """Per prompt (and its kind, where there are several): each method's speedup over greedy, the
+    clairvoyant bound on its text (cap BOUND_CAP) and the share of it reached."""
     greedy = {r.prompt: r for r in runs if r.method == "greedy"}
     names = list(dict.fromkeys(r.method for r in runs if r.bound is not None))
     if not names:
         return ""
+    kinds = len({r.kind for r in greedy.values()}) > 1  # a column for them where there are several
     lines = [
-        "| prompt | " + " | ".join(f"{n}: speedup / bound (share)" for n in names) + " |",
-        "|---|" + "---|" * len(names),
+        "| prompt | "
+        + ("kind | " if kinds else "")
+        + " | ".join(f"{n}: speedup / bound (share)" for n in names)
+        + " |",
+        "|---|" + "---|" * (len(names) + kinds),
     ]
     for prompt, base in greedy.items():
         cells = []
@@ -488,7 +492,7 @@ def prompt_markdown(runs: list[Run]) -> str:
             else:
                 ratio = speedup(run, base)
                 cells.append(f"{ratio:.2f}x / {run.bound:.2f}x ({ratio / run.bound:.0%})")
-        lines.append(f"| {prompt} | " + " | ".join(cells) + " |")
+        lines.append(f"| {prompt} | " + (f"{base.kind} | " if kinds else "") + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
