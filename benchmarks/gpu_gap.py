@@ -137,7 +137,9 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dataset", default="humaneval")
-    parser.add_argument("--first", type=int, default=10, help="the first prompt's index; each call takes the next")
+    parser.add_argument(
+        "--first", type=int, default=10, help="the first prompt's index in the dataset's file; each call takes the next"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--rounds", type=int, default=2, help="each variant timed this many times, alternating")
     parser.add_argument(
@@ -150,7 +152,7 @@ def main() -> None:
     transformers.utils.logging.set_verbosity_error()
     model, tokenizer = models.load(args.model, dtype=args.dtype, device=args.device)
     calls = args.rounds * len(args.variants)
-    prompts = datasets.load(args.dataset, args.first + calls + 1)[args.first :]
+    prompts = datasets.load(args.dataset)[args.first : args.first + calls + 1]  # in file order
     if len(prompts) < calls + 1:
         raise SystemExit(f"{args.dataset} has too few prompts from {args.first} for {calls} calls")
     encoded = [{k: v.to(model.device) for k, v in datasets.encode(tokenizer, p).items()} for p in prompts]

@@ -50,7 +50,7 @@ def main() -> None:
     args = parser.parse_args()
     transformers.utils.logging.set_verbosity_error()
     model, tokenizer = models.load("smollm2", dtype=args.dtype)
-    prompt = datasets.load(args.dataset, args.prompt + 1)[args.prompt]
+    prompt = datasets.load(args.dataset)[args.prompt]  # in file order
     inputs = datasets.encode(tokenizer, prompt)
     lookahead = Lookahead(args.W, args.N, args.G, **dict.fromkeys(args.off, False))
     model.generate(**inputs, max_new_tokens=8, do_sample=False, custom_generate=lookahead)  # warm up

@@ -150,7 +150,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dataset", default="mtbench")
-    parser.add_argument("--prompt", type=int, default=2, help="index in the dataset")
+    parser.add_argument("--prompt", type=int, default=2, help="index in the dataset's file (mtbench 2: mtbench/83)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--settings", nargs="+", default=["Lookahead()", "(4,4,4)"], choices=list(SETTINGS))
     parser.add_argument("--repeats", type=int, default=2)
@@ -159,7 +159,7 @@ def main() -> None:
     args = parser.parse_args()
     transformers.utils.logging.set_verbosity_error()
     model, tokenizer = models.load(args.model, dtype=args.dtype, device=args.device)
-    prompt = datasets.load(args.dataset, args.prompt + 1)[args.prompt]
+    prompt = datasets.load(args.dataset)[args.prompt]  # in file order
     inputs = {k: v.to(model.device) for k, v in datasets.encode(tokenizer, prompt).items()}
     runs = {"plain": None, **{name: SETTINGS[name] for name in args.settings}}
     for setting in runs.values():  # warm up (and measure a cost curve once, if none is stored)

@@ -1,5 +1,6 @@
 """`lookahead bench` end to end on a tiny saved checkpoint: tables, JSON and plots are written."""
 
+import dataclasses
 import json
 import math
 import statistics
@@ -134,6 +135,10 @@ def test_speedups_by_prompt_kind_with_an_interval_from_the_prompts_spread():
     assert "| lookahead(auto) | slow | 3 | 0.74x | 0.74x | 0.58-0.95x | 0.67x (s1) |" in table
     assert "beyond noise (the whole interval under 1): lookahead(auto) on slow." in table
     assert bench.kind_markdown([slow]) == ""  # one kind: the summary already says it
+    bounded = [r if r.method == "greedy" else dataclasses.replace(r, bound=2.0) for r in runs]
+    assert "| s1 | slow | 0.67x / 2.00x (34%) |" in bench.prompt_markdown(bounded)
+    same = [dataclasses.replace(r, kind="code") for r in bounded]
+    assert "| s1 | 0.67x / 2.00x (34%) |" in bench.prompt_markdown(same)  # one kind: no column for it
 
 
 def test_bench_rejects_unknown_dataset(capsys):
@@ -146,7 +151,7 @@ def test_bench_by_batch_size(tmp_path, capsys):
     tiny_model("gpt2").save_pretrained(checkpoint)
     char_tokenizer().save_pretrained(checkpoint)
     prompts = tmp_path / "mine.jsonl"
-    prompts.write_text("".join(f'{{"prompt": "{"abcd"[i:] * (3 + i)}"}}\n' for i in range(4)))
+    prompts.write_text("".join(f'{{"prompt": "{"abcd"[i:] * (3 + i)}", "kind": "{i % 2}"}}\n' for i in range(4)))
     out = tmp_path / "results"
     args = ["bench", str(prompts), "--model", str(checkpoint), "--max-new-tokens", "10", "--dtype", "float32"]
     assert main([*args, "--batch-size", "1", "2", "--out", str(out), "--no-progress"]) == 0
@@ -159,6 +164,8 @@ def test_bench_by_batch_size(tmp_path, capsys):
     table = (out / "mine-batches.md").read_text()
     assert "| 2 | lookahead(auto) |" in table and "| 1 | prompt_lookup(3) |" in table
     assert one["summary"][2]["bound"] >= 1.0 and two["summary"][1]["bound"] is None  # one sequence's bound only
+    assert {k["kind"] for k in one["kinds"]} == {"0", "1"}
+    assert two["kinds"] == [] and "By prompt kind" not in (out / "mine-batch2.md").read_text()  # batches mix kinds
 
 
 def test_peak_memory_sees_a_tensor_that_lived_inside_the_block():

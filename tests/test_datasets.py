@@ -11,9 +11,11 @@ from lookahead import datasets, lookup, pool
 def test_a_few_prompts_are_taken_across_kinds_in_turn():
     prompts = [datasets.Prompt(f"p{i}", "", False, kind) for i, kind in enumerate("aaaabbc")]
     assert [p.id for p in datasets.spread(prompts, 5)] == ["p0", "p4", "p6", "p1", "p5"]
-    assert [p.id for p in datasets.spread(prompts, 7)] == [f"p{i}" for i in range(7)]  # all: file order
-    assert datasets.spread(prompts, None) == prompts
-    assert datasets.spread(prompts, 0) == []
+    every = datasets.spread(prompts, 9)
+    assert [p.id for p in every] == ["p0", "p4", "p6", "p1", "p5", "p2", "p3"]
+    assert all(datasets.spread(prompts, n) == every[:n] for n in range(9))  # a larger n only adds prompts
+    assert datasets.spread(prompts, None) == prompts  # no n: all of them, in file order
+    assert datasets.spread([], 3) == []
 
 
 def test_mtbench_twenty_covers_every_category():

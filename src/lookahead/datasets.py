@@ -6,8 +6,8 @@
   eight kinds (its categories: writing, roleplay, reasoning, math, coding, extraction, stem,
   humanities; ten each, in that order in the file).
 
-Fewer than all of a dataset's prompts are taken across its kinds, in turn: the first of each kind,
-then the second of each, and so on (``spread``). MT-bench's file lists its categories one after
+``n`` of a dataset's prompts are taken across its kinds in turn: the first of each kind, then the
+second of each, and so on (``spread``). MT-bench's file lists its categories one after
 the other, so its first 20 questions are all writing and roleplay; ``mtbench(20)`` has two or three
 of every kind instead.
 """
@@ -58,20 +58,20 @@ def mtbench(n: int | None = None) -> list[Prompt]:
 
 def spread(prompts: list[Prompt], n: int | None) -> list[Prompt]:
     """The first ``n`` prompts taken across kinds in turn: the first prompt of each kind (kinds in
-    the order they first appear), then the second of each, ...; all of them, in file order, when
-    ``n`` is None or covers them.
+    the order they first appear), then the second of each, ...; so ``spread(ps, n)`` is always
+    the first n of ``spread(ps, len(ps))``. ``n`` None: all of them, in file order.
 
         >>> ps = [Prompt(str(i), "", False, kind) for i, kind in enumerate("aaabbc")]
         >>> [p.id for p in spread(ps, 4)]
         ['0', '3', '5', '1']
     """
-    if n is None or n >= len(prompts):
+    if n is None:
         return list(prompts)
     by_kind: dict[str, list[Prompt]] = {}
     for prompt in prompts:
         by_kind.setdefault(prompt.kind, []).append(prompt)
     taken: list[Prompt] = []
-    for rank in range(max(len(group) for group in by_kind.values())):
+    for rank in range(max((len(group) for group in by_kind.values()), default=0)):
         taken += [group[rank] for group in by_kind.values() if rank < len(group)]
     return taken[:n]
 
