@@ -50,7 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench = sub.add_parser("bench", help="benchmark against plain greedy and prompt lookup decoding")
     bench.add_argument("datasets", nargs="+", help="humaneval | mtbench | FILE.jsonl (lines with a 'prompt')")
-    bench.add_argument("--n", type=int, default=20, help="prompts per dataset (default: %(default)s)")
+    bench.add_argument(
+        "--n", type=int, default=20, help="prompts per dataset, taken across its kinds in turn (default: %(default)s)"
+    )
     bench.add_argument("--max-new-tokens", type=int, default=256, help="default: %(default)s")
     bench.add_argument("--model", default=models.DEFAULT_MODEL, help="as for generate (default: %(default)s)")
     bench.add_argument("--dtype", default="bfloat16", choices=sorted(models.DTYPES), help="default: %(default)s")
