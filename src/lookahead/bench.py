@@ -543,6 +543,9 @@ def plot(runs: list[Run], rows: list[dict], path: Path, title: str) -> None:
     right.set(title="tokens per step", xlabel="tokens verified in a step", ylabel="share of steps")
     right.set_xticks(range(1, 1 + max((len(r["accepted_hist"]) for r in hists), default=1)))
     left.set_xticks(range(len(prompts)))
+    kinds = [greedy[p].kind for p in prompts]
+    if len(set(kinds)) > 1:  # name each prompt's kind under it
+        left.set_xticklabels(kinds, rotation=90, fontsize=7)
     if hists:
         right.legend()
     fig.tight_layout()
