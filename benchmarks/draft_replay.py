@@ -13,10 +13,19 @@ It cannot replay the Jacobi window (its guesses are the model's, off the text's 
 policies without one (the CPU default).
 
     .venv/bin/python benchmarks/draft_replay.py                           # Lookahead(), stored curve
+    .venv/bin/python benchmarks/draft_replay.py --curves stored stored-float16 stored-float32 gpu
     .venv/bin/python benchmarks/draft_replay.py --curves stored steep flat gpu \\
         --policies auto '{"draft_length": 3}' '{"_drafter": {"probe_overhead": 0.05}}'
     .venv/bin/python benchmarks/draft_replay.py --batch 4 --policies auto \\
         '{"window_size": 0, "ngram_size": 8, "max_candidates": 4, "adaptive": true}'
+
+``--losses`` splits, per curve, dataset and policy, what the replay lost against the step the
+clairvoyant would have taken at the same place (the best match among the trie's own nodes, cut to
+its most tokens per unit of cost), in percent of the replay's cost: drafted steps that accepted
+nothing (and how many of those had no source matching the text's next token at all: nothing to
+draft), plain steps where a source matched, steps that accepted less than the best path, trees
+wider than the path they accepted, and probes; and the drafted steps at the margin (expected
+tokens per unit of cost under 1.2): what they expected against what they got.
 
 A policy is a name from ``policy_share.POLICIES`` or a JSON object of ``Lookahead`` keyword
 arguments (``"_drafter"``: ``TreeDrafter`` arguments). ``--batch B`` replays groups of B prompts
@@ -39,7 +48,7 @@ import transformers
 sys.path.insert(0, str(Path(__file__).parent))
 import policy_share  # noqa: E402  (the curves and named policies)
 
-from lookahead import Lookahead, datasets, decoding, models  # noqa: E402
+from lookahead import Lookahead, datasets, decoding, engine, models  # noqa: E402
 from lookahead.bound import clairvoyant_bounds  # noqa: E402
 from lookahead.drafting import TreeDrafter  # noqa: E402
 from lookahead.runner import DecoderRunner  # noqa: E402
@@ -117,11 +126,73 @@ def policy_options(policy: str) -> tuple[dict, dict]:
     return options, options.pop("_drafter", {})
 
 
-def replay_single(model, oracle: Oracle, rows: list[dict], la: Lookahead, new: int) -> list[dict]:
+class StepLog:
+    """Logs every drafted-or-plain step of a lone sequence (``--losses``): the tree's nodes, the
+    tokens it accepted, the longest path of its whole trie along the text, whether it probed and
+    what it expected. ``text`` is the replayed prompt + output."""
+
+    def __init__(self) -> None:
+        self.text: list[int] = []
+        self.steps: list[tuple[int, int, int, bool, float]] = []
+        self._committed = 0
+
+    def install(self) -> None:
+        log, sources, record = self, engine.draft_sources, TreeDrafter.record
+
+        def draft_sources(seq, *args, **kwargs):
+            log._committed = len(seq.committed)
+            return sources(seq, *args, **kwargs)
+
+        def logged_record(drafter, draft, emitted):
+            truth = log.text[log._committed :]
+            path = ()
+            while len(path) < len(truth) and path + (truth[len(path)],) in draft.trie_buckets:
+                path += (truth[len(path)],)
+            log.steps.append((len(draft.buckets), len(emitted) - 1, len(path), draft.probe, draft.expected))
+            return record(drafter, draft, emitted)
+
+        engine.draft_sources, TreeDrafter.record = draft_sources, logged_record
+
+
+def losses(steps: list[tuple[int, int, int, bool, float]], curve) -> dict:
+    """Where the logged steps lost against the clairvoyant's step at the same place (see the
+    module docstring), in percent of their cost."""
+    total = sum(curve.ratio(1 + k) for k, *_ in steps)
+    parts = dict.fromkeys(["failed drafts", "missed", "short", "over-wide", "probes"], 0.0)
+    hopeless = failed = 0
+    margin = [0.0, 0.0, 0.0]  # expected tokens, emitted tokens, cost of the marginal drafted steps
+    for nodes, accepted, best, probe, expected in steps:
+        cost = curve.ratio(1 + nodes)
+        length = max(range(best + 1), key=lambda n: (1 + n) / curve.ratio(1 + n))
+        lost = cost - curve.ratio(1 + length) / (1 + length) * (1 + accepted)
+        if probe:
+            parts["probes"] += lost
+        elif nodes and not accepted:
+            parts["failed drafts"] += lost
+            failed += 1
+            hopeless += best == 0
+        elif not nodes and best:
+            parts["missed"] += lost
+        elif accepted < best:
+            parts["short"] += lost
+        elif nodes > accepted:
+            parts["over-wide"] += lost
+        if nodes and not probe and expected / cost < 1.2:
+            margin = [margin[0] + expected, margin[1] + 1 + accepted, margin[2] + cost]
+    out = {part: 100 * lost / total for part, lost in parts.items()}
+    out.update({"failed": failed, "no source matched": hopeless,
+                "margin expected": margin[0] / margin[2] if margin[2] else 0.0,
+                "margin got": margin[1] / margin[2] if margin[2] else 0.0})  # fmt: skip
+    return out
+
+
+def replay_single(model, oracle: Oracle, rows: list[dict], la: Lookahead, new: int, log: StepLog | None = None):
     out = []
     for row in rows:
         ids, output = row["ids"], row["output"][:new]
         oracle.texts[tuple(ids)] = ids + output
+        if log is not None:
+            log.text = ids + output
         oracle.cost = 0.0
         inputs = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long)}
         got = model.generate(**inputs, max_new_tokens=new, do_sample=False, custom_generate=la)
@@ -163,10 +234,16 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=20)
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--texts", help="greedy texts, made once (default: results/greedy-texts-...json)")
-    parser.add_argument("--curves", nargs="+", default=["stored"])
+    parser.add_argument(
+        "--curves",
+        nargs="+",
+        default=["stored"],
+        help="named in policy_share.CURVES, or stored / stored-DTYPE (this machine's)",
+    )
     parser.add_argument("--policies", nargs="+", default=["auto"])
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--per-prompt", action="store_true")
+    parser.add_argument("--losses", action="store_true", help="where each replay lost against the bound")
     parser.add_argument("--json", help="write every replay here")
     args = parser.parse_args()
     transformers.utils.logging.set_verbosity_error()
@@ -175,7 +252,10 @@ def main() -> None:
     rows = greedy_texts(texts, model, tokenizer, args.datasets, args.n, args.max_new_tokens)
     oracle = Oracle(model.config.get_text_config().vocab_size)
     oracle.install()
-    results = []
+    log = StepLog() if args.losses else None
+    if log is not None:
+        log.install()
+    results, lost = [], []
     print("| curve | dataset | policy | modeled speedup (median) | bound, cap 7 | share | bound, cap 3 | tokens/step "
           "| pooled speedup | pooled share |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -193,7 +273,11 @@ def main() -> None:
                     speed = statistics.median(r["speedup"] for r in runs)
                     print(f"| {curve_name} | {name} | {policy} (batch {args.batch}) | {speed:.3f}x | - | - | - | - |")
                 else:
-                    runs = replay_single(model, oracle, mine, la, args.max_new_tokens)
+                    if log is not None:
+                        log.steps = []
+                    runs = replay_single(model, oracle, mine, la, args.max_new_tokens, log)
+                    if log is not None:
+                        lost.append((curve_name, name, policy, losses(log.steps, oracle.curve)))
                     speed = statistics.median(r["speedup"] for r in runs)
                     b7 = statistics.median(r["bound7"] for r in runs)
                     b3 = statistics.median(r["bound3"] for r in runs)
@@ -214,6 +298,16 @@ def main() -> None:
                 results.append({"curve": curve_name, "dataset": name, "policy": policy, "batch": args.batch,
                                 "runs": runs})  # fmt: skip
     decoding.TreeDrafter = TreeDrafter
+    if lost:
+        print("\n| curve | dataset | policy | failed drafts | (of them, no source matched) | missed | short | "
+              "over-wide | probes | marginal drafts: expected / got per unit of cost |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for curve_name, name, policy, part in lost:
+            print(f"| {curve_name} | {name} | {policy} | {part['failed drafts']:.1f}% ({part['failed']} steps) | "
+                  f"{part['no source matched']} | {part['missed']:.1f}% | {part['short']:.1f}% | "
+                  f"{part['over-wide']:.1f}% | {part['probes']:.1f}% | "
+                  f"{part['margin expected']:.2f} / {part['margin got']:.2f} |")  # fmt: skip
+            results.append({"curve": curve_name, "dataset": name, "policy": policy, "losses": part})
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

@@ -17,6 +17,9 @@ slow 2-core CPU in bf16: T(k)/T(1) = 2.25, 3.0, 4.8, 7.6 for k = 2, 4, 8, 16, me
 sessions, probably timed with autograd on (the calibration had it on when `lookahead bench` asked
 for a curve, until 2026-12-04), so read them as modeled machines of those shapes, not as those
 machines: this one's bf16 curve without autograd is 1.03, 1.09, 1.15, 1.33 (``stored``).
+``stored-float16`` and ``stored-float32`` are this machine's curves in those dtypes, timed the
+current way: real configurations of other shapes (here, 2026-12-05: fp16 about 1.37, 1.42, 1.6,
+1.8, a dear first draft token and nearly free ones after it; fp32 about 1.05, 1.49, 1.84, 2.0).
 Policies: ``auto`` (``Lookahead()``) and any named in ``POLICIES``.
 """
 
@@ -27,6 +30,7 @@ import functools
 import json
 import statistics
 
+import torch
 import transformers
 
 from lookahead import Lookahead, datasets, decoding, models, tuning
@@ -63,23 +67,34 @@ POLICIES = {  # name -> Lookahead keyword arguments
 
 
 def load_curve(name: str, model_name: str) -> tuning.CostCurve:
-    if name != "stored":
-        return tuning.CostCurve(CURVES[name])
-    return stored_curve(model_name)
+    """A named curve (``CURVES``), or ``stored`` / ``stored-DTYPE``: the curve this machine
+    stored for the model in bf16 / in DTYPE (``stored-float16``, ``stored-float32``)."""
+    if name == "stored" or name.startswith("stored-"):
+        dtype = name.partition("-")[2] or "bfloat16"
+        return stored_curve(model_name, str(models.parse_dtype(dtype)).replace("torch.", ""))
+    if name not in CURVES:
+        raise SystemExit(f"unknown curve {name!r}: one of {', '.join(CURVES)}, stored or stored-DTYPE")
+    return tuning.CostCurve(CURVES[name])
 
 
 def stored_curve(model_name: str, dtype: str = "bfloat16") -> tuning.CostCurve:
     """The curve ``Lookahead()`` stored for the model in ``dtype`` on this machine, timed the
-    current way (``tuning.CALIBRATION``); any bf16 run of it stores one."""
-    stored = json.loads((models.cache_dir() / "cost-curves.json").read_text())
+    current way (``tuning.CALIBRATION``), at this process's thread count where one was stored at
+    it; any run of the model in that dtype stores one (``lookahead bench --dtype ...``)."""
+    hint = f"run `lookahead bench humaneval --n 1 --max-new-tokens 8 --dtype {dtype}` on it once"
+    try:
+        stored = json.loads((models.cache_dir() / "cost-curves.json").read_text())
+    except FileNotFoundError:
+        raise SystemExit(f"no cost curve stored yet in {models.cache_dir()}: {hint}") from None
     arch = {"smollm2": "llama", "gemma3": "gemma3_text"}.get(model_name, model_name)
     mine = f"|{dtype}|", tuning.CALIBRATION
     # the model's, not the tiny test models' of the same architecture (their T(1) is under 20 ms)
     keys = [k for k in stored if k.startswith(arch + "-") and all(m in k.replace("torch.", "") for m in mine)]
     keys = [k for k in keys if stored[k][0][1] > 0.02]
     if not keys:
-        raise SystemExit(f"no {dtype} cost curve of {model_name} stored: run `lookahead bench` on it once")
-    return tuning.CostCurve(tuple((int(k), float(s)) for k, s in stored[keys[0]]))
+        raise SystemExit(f"no {dtype} cost curve of {model_name} stored: {hint}")
+    threads = [k for k in keys if f"|{torch.get_num_threads()}|" in k]
+    return tuning.CostCurve(tuple((int(k), float(s)) for k, s in stored[(threads or keys)[0]]))
 
 
 def main() -> None:
