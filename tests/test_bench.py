@@ -54,6 +54,8 @@ def test_bench_writes_json_markdown_and_plot(tmp_path, capsys):
         assert row["tokens_per_second"] > 0 and row["speedup"] > 0
     assert {r["prompt"] for r in report["runs"]} == {"mine/0", "second"}
     assert report["meta"]["load_average"] >= 0
+    curve = report["meta"]["cost_curve"]  # what the steps and the bounds were priced with
+    assert curve[0][0] == 1 and all(a[1] <= b[1] for a, b in zip(curve, curve[1:], strict=False))
     assert (out / "mine.png").stat().st_size > 10_000
     table = (out / "mine.md").read_text()
     assert "| lookahead(2,3,2) |" in table and "speedup vs greedy" in table
@@ -61,6 +63,8 @@ def test_bench_writes_json_markdown_and_plot(tmp_path, capsys):
     runs = [r for r in report["runs"] if r["method"] == "lookahead(auto)"]
     assert sum(auto["settings"].values()) == sum(sum(r["settings"].values()) for r in runs) > 0
     assert "Steps by setting, lookahead(auto):" in table
+    ratio = curve[1][1] / curve[0][1]
+    assert f"Cost curve (this machine's, as stored): T(k)/T(1) = {ratio:.2f}, " in table
     for row in report["summary"][1:]:  # each method's text against the clairvoyant bound on it
         # >= 1 up to rounding: where no candidate matches, the call's bound is greedy's own time, recomputed
         assert row["bound"] >= 1.0 - 1e-9 and row["share_of_bound"] == pytest.approx(row["speedup"] / row["bound"])

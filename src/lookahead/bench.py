@@ -553,6 +553,15 @@ def plot(runs: list[Run], rows: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def curve_line(points: list[list[float]]) -> str:
+    """The cost curve a report's steps and bounds were priced with, as T(k)/T(1)."""
+    unit = points[0][1]
+    ratios = ", ".join(f"{seconds / unit:.2f}" for k, seconds in points[1:] if k <= 16)
+    counts = ", ".join(str(int(k)) for k, _ in points[1:] if k <= 16)
+    curve = f"T(k)/T(1) = {ratios} for k = {counts}; T(1) = {1000 * unit:.1f} ms"
+    return f"Cost curve (this machine's, as stored): {curve}."
+
+
 def write_report(runs: list[Run], out_dir: Path, name: str, meta: dict) -> tuple[str, list[dict]]:
     """Write NAME.json, NAME.md and NAME.png under out_dir; return the Markdown and the rows."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -570,6 +579,8 @@ def write_report(runs: list[Run], out_dir: Path, name: str, meta: dict) -> tuple
     )
     by_kind = kind_markdown(kinds)
     table += f"\n{by_kind}" if by_kind else ""
+    if meta.get("cost_curve"):
+        table += f"\n{curve_line(meta['cost_curve'])}\n"
     (out_dir / f"{name}.json").write_text(
         json.dumps({"meta": meta, "summary": rows, "kinds": kinds, "runs": [r.__dict__ for r in runs]}, indent=1)
     )

@@ -221,6 +221,7 @@ def _bench(args) -> int:
     import transformers
 
     from . import bench, datasets
+    from .decoding import model_cost_curve
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -267,6 +268,8 @@ def _bench(args) -> int:
                 batch_size=batch,
                 repeats=args.repeats,
             )
+            if batch == 1:  # what the tuner priced its steps with and the bound was priced with
+                meta["cost_curve"] = [list(point) for point in model_cost_curve(model).points]
             table, by_batch[batch] = bench.write_report(runs, out, report, meta)
             print(table)
             print(f"written: {out}/{report}.json, .md, .png\n")
