@@ -24,8 +24,12 @@ clairvoyant would have taken at the same place (the best match among the trie's 
 its most tokens per unit of cost), in percent of the replay's cost: drafted steps that accepted
 nothing (and how many of those had no source matching the text's next token at all: nothing to
 draft), plain steps where a source matched, steps that accepted less than the best path, trees
-wider than the path they accepted, and probes; and the drafted steps at the margin (expected
+wider than the path they accepted, probes, and the rest (a tree that was the path taken, where a
+shorter cut paid more per token); and the drafted steps at the margin (expected
 tokens per unit of cost under 1.2): what they expected against what they got.
+``--first-token-oracle`` asks what knowing where the text leaves its sources would be worth: a
+drafted tree none of whose first tokens is the text's next token becomes a plain step (the depth
+of every draft still estimated).
 
 A policy is a name from ``policy_share.POLICIES`` or a JSON object of ``Lookahead`` keyword
 arguments (``"_drafter"``: ``TreeDrafter`` arguments). ``--batch B`` replays groups of B prompts
@@ -36,6 +40,7 @@ takes as many steps as its longest output).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import statistics
@@ -131,7 +136,8 @@ class StepLog:
     tokens it accepted, the longest path of its whole trie along the text, whether it probed and
     what it expected. ``text`` is the replayed prompt + output."""
 
-    def __init__(self) -> None:
+    def __init__(self, first_token_oracle: bool = False) -> None:
+        self.first_token_oracle = first_token_oracle
         self.text: list[int] = []
         self.steps: list[tuple[int, int, int, bool, float]] = []
         self._committed = 0
@@ -152,13 +158,24 @@ class StepLog:
             return record(drafter, draft, emitted)
 
         engine.draft_sources, TreeDrafter.record = draft_sources, logged_record
+        if self.first_token_oracle:
+            draft = TreeDrafter.draft
+
+            def told_draft(drafter, *args, **kwargs):
+                tree = draft(drafter, *args, **kwargs)
+                nxt = log.text[log._committed : log._committed + 1]
+                if tree.candidates and nxt and tuple(nxt) not in tree.buckets:  # no first token matches
+                    tree = dataclasses.replace(tree, candidates=[], buckets={}, children={}, expected=1.0, probe=False)
+                return tree
+
+            TreeDrafter.draft = told_draft
 
 
 def losses(steps: list[tuple[int, int, int, bool, float]], curve) -> dict:
     """Where the logged steps lost against the clairvoyant's step at the same place (see the
     module docstring), in percent of their cost."""
     total = sum(curve.ratio(1 + k) for k, *_ in steps)
-    parts = dict.fromkeys(["failed drafts", "missed", "short", "over-wide", "probes"], 0.0)
+    parts = dict.fromkeys(["failed drafts", "missed", "short", "over-wide", "probes", "other"], 0.0)
     hopeless = failed = 0
     margin = [0.0, 0.0, 0.0]  # expected tokens, emitted tokens, cost of the marginal drafted steps
     for nodes, accepted, best, probe, expected in steps:
@@ -177,9 +194,12 @@ def losses(steps: list[tuple[int, int, int, bool, float]], curve) -> dict:
             parts["short"] += lost
         elif nodes > accepted:
             parts["over-wide"] += lost
+        else:  # the tree was the path taken, where a shorter cut paid more per token; or no loss
+            parts["other"] += lost
         if nodes and not probe and expected / cost < 1.2:
             margin = [margin[0] + expected, margin[1] + 1 + accepted, margin[2] + cost]
-    out = {part: 100 * lost / total for part, lost in parts.items()}
+    out = {part: 100 * lost / total if total else 0.0 for part, lost in parts.items()}
+    out["all"] = sum(out.values())
     out.update({"failed": failed, "no source matched": hopeless,
                 "margin expected": margin[0] / margin[2] if margin[2] else 0.0,
                 "margin got": margin[1] / margin[2] if margin[2] else 0.0})  # fmt: skip
@@ -244,6 +264,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--per-prompt", action="store_true")
     parser.add_argument("--losses", action="store_true", help="where each replay lost against the bound")
+    parser.add_argument(
+        "--first-token-oracle",
+        action="store_true",
+        help="what-if: a drafted tree none of whose first tokens is the next one becomes a plain step",
+    )
     parser.add_argument("--json", help="write every replay here")
     args = parser.parse_args()
     transformers.utils.logging.set_verbosity_error()
@@ -252,7 +277,9 @@ def main() -> None:
     rows = greedy_texts(texts, model, tokenizer, args.datasets, args.n, args.max_new_tokens)
     oracle = Oracle(model.config.get_text_config().vocab_size)
     oracle.install()
-    log = StepLog() if args.losses else None
+    if (args.losses or args.first_token_oracle) and args.batch > 1:
+        parser.error("--losses and --first-token-oracle replay lone sequences: leave --batch at 1")
+    log = StepLog(args.first_token_oracle) if args.losses or args.first_token_oracle else None
     if log is not None:
         log.install()
     results, lost = [], []
@@ -299,13 +326,14 @@ def main() -> None:
                                 "runs": runs})  # fmt: skip
     decoding.TreeDrafter = TreeDrafter
     if lost:
-        print("\n| curve | dataset | policy | failed drafts | (of them, no source matched) | missed | short | "
-              "over-wide | probes | marginal drafts: expected / got per unit of cost |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        print("\n| curve | dataset | policy | lost, all | failed drafts | (of them, no source matched) | missed | "
+              "short | over-wide | probes | other | marginal drafts: expected / got per unit of cost |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for curve_name, name, policy, part in lost:
-            print(f"| {curve_name} | {name} | {policy} | {part['failed drafts']:.1f}% ({part['failed']} steps) | "
+            print(f"| {curve_name} | {name} | {policy} | {part['all']:.1f}% | "
+                  f"{part['failed drafts']:.1f}% ({part['failed']} steps) | "
                   f"{part['no source matched']} | {part['missed']:.1f}% | {part['short']:.1f}% | "
-                  f"{part['over-wide']:.1f}% | {part['probes']:.1f}% | "
+                  f"{part['over-wide']:.1f}% | {part['probes']:.1f}% | {part['other']:.1f}% | "
                   f"{part['margin expected']:.2f} / {part['margin got']:.2f} |")  # fmt: skip
             results.append({"curve": curve_name, "dataset": name, "policy": policy, "losses": part})
     if args.json:

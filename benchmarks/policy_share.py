@@ -16,10 +16,11 @@ slow 2-core CPU in bf16: T(k)/T(1) = 2.25, 3.0, 4.8, 7.6 for k = 2, 4, 8, 16, me
 1.02, 1.04, 1.08, 1.15). ``steep``, ``flat`` and ``mid`` were stored curves of machines of earlier
 sessions, probably timed with autograd on (the calibration had it on when `lookahead bench` asked
 for a curve, until 2026-12-04), so read them as modeled machines of those shapes, not as those
-machines: this one's bf16 curve without autograd is 1.03, 1.09, 1.15, 1.33 (``stored``).
+machines: this one's bf16 curve without autograd was 1.03, 1.09, 1.15, 1.33 on 2026-12-04 and
+1.07, 1.09, 1.12, 1.17 on 2026-12-05 (``stored``).
 ``stored-float16`` and ``stored-float32`` are this machine's curves in those dtypes, timed the
 current way: real configurations of other shapes (here, 2026-12-05: fp16 about 1.37, 1.42, 1.6,
-1.8, a dear first draft token and nearly free ones after it; fp32 about 1.05, 1.49, 1.84, 2.0).
+1.8, a dear first draft token and nearly free ones after it; fp32 about 1.08, 1.50, 1.84, 2.01).
 Policies: ``auto`` (``Lookahead()``) and any named in ``POLICIES``.
 """
 
@@ -29,6 +30,7 @@ import argparse
 import functools
 import json
 import statistics
+import sys
 
 import torch
 import transformers
@@ -70,8 +72,11 @@ def load_curve(name: str, model_name: str) -> tuning.CostCurve:
     """A named curve (``CURVES``), or ``stored`` / ``stored-DTYPE``: the curve this machine
     stored for the model in bf16 / in DTYPE (``stored-float16``, ``stored-float32``)."""
     if name == "stored" or name.startswith("stored-"):
-        dtype = name.partition("-")[2] or "bfloat16"
-        return stored_curve(model_name, str(models.parse_dtype(dtype)).replace("torch.", ""))
+        try:
+            dtype = str(models.parse_dtype(name.partition("-")[2] or "bfloat16")).replace("torch.", "")
+        except ValueError as err:
+            raise SystemExit(f"curve {name!r}: {err}") from None
+        return stored_curve(model_name, dtype)
     if name not in CURVES:
         raise SystemExit(f"unknown curve {name!r}: one of {', '.join(CURVES)}, stored or stored-DTYPE")
     return tuning.CostCurve(CURVES[name])
@@ -81,7 +86,7 @@ def stored_curve(model_name: str, dtype: str = "bfloat16") -> tuning.CostCurve:
     """The curve ``Lookahead()`` stored for the model in ``dtype`` on this machine, timed the
     current way (``tuning.CALIBRATION``), at this process's thread count where one was stored at
     it; any run of the model in that dtype stores one (``lookahead bench --dtype ...``)."""
-    hint = f"run `lookahead bench humaneval --n 1 --max-new-tokens 8 --dtype {dtype}` on it once"
+    hint = f"run `lookahead bench humaneval --n 1 --max-new-tokens 8 --model {model_name} --dtype {dtype}` once"
     try:
         stored = json.loads((models.cache_dir() / "cost-curves.json").read_text())
     except FileNotFoundError:
@@ -94,6 +99,8 @@ def stored_curve(model_name: str, dtype: str = "bfloat16") -> tuning.CostCurve:
     if not keys:
         raise SystemExit(f"no {dtype} cost curve of {model_name} stored: {hint}")
     threads = [k for k in keys if f"|{torch.get_num_threads()}|" in k]
+    if not threads:
+        print(f"note: no {dtype} curve at {torch.get_num_threads()} threads; using {keys[0]}", file=sys.stderr)
     return tuning.CostCurve(tuple((int(k), float(s)) for k, s in stored[(threads or keys)[0]]))
 
 

@@ -555,9 +555,12 @@ def plot(runs: list[Run], rows: list[dict], path: Path, title: str) -> None:
 
 def curve_line(points: list[list[float]]) -> str:
     """The cost curve a report's steps and bounds were priced with, as T(k)/T(1)."""
-    unit = points[0][1]
-    ratios = ", ".join(f"{seconds / unit:.2f}" for k, seconds in points[1:] if k <= 16)
-    counts = ", ".join(str(int(k)) for k, _ in points[1:] if k <= 16)
+    unit = points[0][1]  # T(1): a CostCurve starts at one token
+    shown = [(int(k), seconds / unit) for k, seconds in points[1:] if k <= 16] or [
+        (int(k), seconds / unit) for k, seconds in points[1:]
+    ]
+    ratios = ", ".join(f"{ratio:.2f}" for _, ratio in shown)
+    counts = ", ".join(str(k) for k, _ in shown)
     curve = f"T(k)/T(1) = {ratios} for k = {counts}; T(1) = {1000 * unit:.1f} ms"
     return f"Cost curve (this machine's, as stored): {curve}."
 
