@@ -303,8 +303,10 @@ def main() -> None:
                     if log is not None:
                         log.steps = []
                     runs = replay_single(model, oracle, mine, la, args.max_new_tokens, log)
-                    if log is not None:
+                    if log is not None and log.steps:  # only the tree drafter's steps are logged
                         lost.append((curve_name, name, policy, losses(log.steps, oracle.curve)))
+                    elif log is not None:
+                        print(f"(--losses: {policy} drafted no tree: nothing logged)", file=sys.stderr)
                     speed = statistics.median(r["speedup"] for r in runs)
                     b7 = statistics.median(r["bound7"] for r in runs)
                     b3 = statistics.median(r["bound3"] for r in runs)
