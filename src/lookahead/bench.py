@@ -302,6 +302,11 @@ def _shares(bounded: list[Run], greedy: dict[str, Run]) -> dict:
     }
 
 
+def greedy_by_prompt(runs: list[Run]) -> dict[str, Run]:
+    """Plain greedy's run of each prompt (or batch), what every other method is measured against."""
+    return {r.prompt: r for r in runs if r.method == "greedy"}
+
+
 def speedup(run: Run, greedy: Run) -> float:
     """Tokens per second relative to greedy on the same prompt."""
     return greedy.seconds / run.seconds * run.new_tokens / greedy.new_tokens
@@ -309,7 +314,7 @@ def speedup(run: Run, greedy: Run) -> float:
 
 def summarize(runs: list[Run]) -> list[dict]:
     """One row per method: median tokens/s, median speedup over greedy, tokens/step, ..."""
-    greedy = {r.prompt: r for r in runs if r.method == "greedy"}
+    greedy = greedy_by_prompt(runs)
     rows = []
     for name in dict.fromkeys(r.method for r in runs):
         mine = [r for r in runs if r.method == name]
@@ -369,7 +374,7 @@ def kind_rows(runs: list[Run]) -> list[dict]:
     prompts' log speedups: the prompts of a kind are a sample of it, and their spread, timing
     noise included, is the noise; None for a single prompt), and the slowest prompt.
     ``below_one``: the whole interval lies under 1.0x, a kind slower than greedy beyond noise."""
-    greedy = {r.prompt: r for r in runs if r.method == "greedy"}
+    greedy = greedy_by_prompt(runs)
     out = []
     for name in dict.fromkeys(r.method for r in runs if r.method != "greedy"):
         mine = [r for r in runs if r.method == name]
@@ -472,7 +477,7 @@ def markdown(rows: list[dict], title: str) -> str:
 def prompt_markdown(runs: list[Run]) -> str:
     """Per prompt (and its kind, where there are several): each method's speedup over greedy, the
     clairvoyant bound on its text (cap BOUND_CAP) and the share of it reached."""
-    greedy = {r.prompt: r for r in runs if r.method == "greedy"}
+    greedy = greedy_by_prompt(runs)
     names = list(dict.fromkeys(r.method for r in runs if r.bound is not None))
     if not names:
         return ""
@@ -524,7 +529,7 @@ def plot(runs: list[Run], rows: list[dict], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    greedy = {r.prompt: r for r in runs if r.method == "greedy"}
+    greedy = greedy_by_prompt(runs)
     prompts = list(greedy)
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
     for name in dict.fromkeys(r.method for r in runs if r.method != "greedy"):
@@ -556,11 +561,9 @@ def plot(runs: list[Run], rows: list[dict], path: Path, title: str) -> None:
 def curve_line(points: list[list[float]]) -> str:
     """The cost curve a report's steps and bounds were priced with, as T(k)/T(1)."""
     unit = points[0][1]  # T(1): a CostCurve starts at one token
-    shown = [(int(k), seconds / unit) for k, seconds in points[1:] if k <= 16] or [
-        (int(k), seconds / unit) for k, seconds in points[1:]
-    ]
-    ratios = ", ".join(f"{ratio:.2f}" for _, ratio in shown)
-    counts = ", ".join(str(k) for k, _ in shown)
+    shown = [point for point in points[1:] if point[0] <= 16] or points[1:]
+    ratios = ", ".join(f"{seconds / unit:.2f}" for _, seconds in shown)
+    counts = ", ".join(str(int(k)) for k, _ in shown)
     curve = f"T(k)/T(1) = {ratios} for k = {counts}; T(1) = {1000 * unit:.1f} ms"
     return f"Cost curve (this machine's, as stored): {curve}."
 
