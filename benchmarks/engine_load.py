@@ -19,6 +19,7 @@ import asyncio
 import json
 import statistics
 import sys
+import threading
 import time
 
 import torch
@@ -31,12 +32,26 @@ from lookahead.service import Request, Service
 
 
 def services(model, lookahead: LookaheadConfig, max_batch_size: int) -> dict:
+    """Each server as a function that starts it: one service at a time holds an engine thread (a
+    second thread with torch work of its own would slow both, see benchmarks/thread_cost.py)."""
     plain = LookaheadConfig(0, 2, 0, seed_pool_from_prompt=False, pool_from_output=False, context_lookup=False)
     return {
-        "plain": Service(model, plain, max_batch_size=max_batch_size),
-        "lookahead": Service(model, lookahead, max_batch_size=max_batch_size, shared_pool=SharedPool()),
-        "lookahead, no shared pool": Service(model, lookahead, max_batch_size=max_batch_size),
+        "plain": lambda: Service(model, plain, max_batch_size=max_batch_size),
+        "lookahead": lambda: Service(model, lookahead, max_batch_size=max_batch_size, shared_pool=SharedPool()),
+        "lookahead, no shared pool": lambda: Service(model, lookahead, max_batch_size=max_batch_size),
     }
+
+
+def load_apart(name: str, dtype: str):
+    """The model and tokenizer, loaded on a thread that exits once done, so that the main thread
+    holds no torch worker team of its own while the services' engine threads run."""
+    loaded = []
+    worker = threading.Thread(target=lambda: loaded.append(models.load(name, dtype=dtype)))
+    worker.start()
+    worker.join()
+    if not loaded:
+        raise SystemExit(f"could not load {name}")
+    return loaded[0]
 
 
 async def drive(service: Service, prompts: list[list[int]], clients: int, max_tokens: int) -> tuple[float, list]:
@@ -73,14 +88,15 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", help="write the rows as JSON here")
     args = parser.parse_args()
-    model, tokenizer = models.load(args.model, dtype=args.dtype)
+    model, tokenizer = load_apart(args.model, args.dtype)
     prompts = [
         datasets.encode(tokenizer, p)["input_ids"][0].tolist() for p in datasets.load(args.dataset, args.requests)
     ]
     cfg = Lookahead().config_for(model.device)
     rows, reference = [], None
     for repeat in range(args.repeats):
-        for name, service in services(model, cfg, args.max_batch_size).items():
+        for name, start in services(model, cfg, args.max_batch_size).items():
+            service = start()
             seconds, outputs = asyncio.run(drive(service, prompts, args.clients, args.max_tokens))
             service.shutdown()
             tokens = sum(len(o) for o in outputs)

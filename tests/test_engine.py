@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from tiny_models import CONFIGS, repetitive_prompt, tiny_model
+from tiny_models import CONFIGS, repetitive_prompt, tiny_model, tiny_seq2seq
 from transformers import (
     EosTokenCriteria,
     LogitsProcessorList,
@@ -324,3 +324,50 @@ def test_service_drafts_a_lone_request_and_batches_the_rest():
         assert len(changes) >= 2 and set(changes) <= set(forgets)  # the second lone request forgot the first's
     finally:
         service.shutdown(timeout=30)
+
+
+def test_a_service_can_load_its_model_and_runs_every_forward_pass_on_its_engine_thread():
+    """``Service(load, ...)``: the model is loaded, checked, calibrated and stepped on one thread,
+    the engine's (a second thread with torch work of its own slows every CPU forward pass, see
+    lookahead.service); the greedy text is generate's, and what loading raises reaches the caller."""
+    import threading
+
+    threads, hooks, loaded_on = set(), [], []
+
+    def load():
+        loaded_on.append(threading.current_thread().name)
+        model = tiny_model("llama")  # cached and shared with other tests: the hook is removed below
+        hooks.append(model.register_forward_pre_hook(lambda *_: threads.add(threading.current_thread().name)))
+        return model
+
+    service = Service(load, LookaheadConfig(0, 4, 4, adaptive=True), max_batch_size=2)
+    try:
+        assert loaded_on == ["lookahead-engine"]
+        assert threads <= {"lookahead-engine"}  # the model's check and calibration, where not cached
+        prompt = repetitive_prompt(24, 3)[0].tolist()
+
+        async def main():
+            request = Request(prompt_ids=prompt, max_tokens=NEW)
+            service.submit(request)
+            tokens, reason = [], None
+            while reason is None:
+                event = await request.events.get()
+                tokens, reason = tokens + event.tokens, event.finish_reason
+            return tokens
+
+        got = asyncio.run(main())
+    finally:
+        service.shutdown(timeout=30)
+        for hook in hooks:
+            hook.remove()
+    assert threads == {"lookahead-engine"}
+    expected = service.model.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False)[0, len(prompt) :]
+    assert got == expected.tolist()
+
+    def broken():
+        raise FileNotFoundError("no such checkpoint")
+
+    with pytest.raises(FileNotFoundError, match="no such checkpoint"):
+        Service(broken, LookaheadConfig(0, 4, 4))
+    with pytest.raises(ValueError, match="decoder-only"):  # refused on the engine thread, raised here
+        Service(lambda: tiny_seq2seq("t5"), LookaheadConfig(0, 4, 4))

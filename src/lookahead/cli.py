@@ -302,17 +302,24 @@ def _serve(args) -> int:
     if args.max_batch_size < 1 or args.max_queue < 1:
         raise ValueError("--max-batch-size and --max-queue must be at least 1")
     lookahead = Lookahead(args.window_size, args.ngram_size, args.max_candidates)  # validates W/N/G
-    model, tokenizer = models.load(args.model, dtype=args.dtype, device=_device(args.device))
+    device = _device(args.device)
     if args.plain:  # the same engine, one token per step: no candidates, no window, no pools
         cfg = LookaheadConfig(0, 2, 0, seed_pool_from_prompt=False, pool_from_output=False, context_lookup=False)
     else:
-        cfg = lookahead.config_for(model.device)
+        cfg = lookahead.config_for(device)
     shared = None if args.plain or args.no_shared_pool else SharedPool()
     metrics = Metrics()
+    loaded = {}
+
+    def load():  # on the engine thread, which then runs every forward pass (see lookahead.service)
+        model, loaded["tokenizer"] = models.load(args.model, dtype=args.dtype, device=device)
+        return model
+
     service = Service(
-        model, cfg, max_batch_size=args.max_batch_size, max_queue=args.max_queue, shared_pool=shared,
+        load, cfg, max_batch_size=args.max_batch_size, max_queue=args.max_queue, shared_pool=shared,
         on_step=metrics.on_step,
     )  # fmt: skip
+    tokenizer = loaded["tokenizer"]
     app = create_app(service, tokenizer, ServerSettings(model_name=args.model, api_key=args.api_key), metrics)
     mode = (
         "plain one-token steps" if args.plain else f"lookahead {cfg.window_size}/{cfg.ngram_size}/{cfg.max_candidates}"

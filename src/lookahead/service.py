@@ -2,7 +2,13 @@
 boundaries, and a warm n-gram pool shared across requests.
 
 The engine runs in a thread of its own (torch releases the GIL in its kernels), so the web
-server's event loop stays free. A request is queued by :meth:`Service.submit`; at the next step
+server's event loop stays free. Every forward pass of the service runs there, its model checks and
+cost calibration included, and so can the model's loading (pass a function that loads it): on a
+CPU, torch's OpenMP runtime (GNU libgomp) keeps a team of worker threads per thread that has run
+parallel work, and once a process holds more such workers than it has CPUs, every team stops
+spin-waiting between parallel regions and sleeps instead. A model loaded on the main thread and
+stepped on another made every forward pass of SmolLM2 in bf16 on 2 cores take 1.7x as long (67
+against 39 ms per token: ``benchmarks/thread_cost.py``). A request is queued by :meth:`Service.submit`; at the next step
 boundary the thread admits queued requests up to ``max_batch_size`` (prefilling them together),
 then steps the batch. After every step each request's new tokens go to its own
 ``asyncio.Queue`` as :class:`Event` objects; the last one says why it finished. A cancelled
@@ -23,6 +29,7 @@ import random
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -84,12 +91,16 @@ class Request:
 
 
 class Service:
-    """The engine thread and its queue. ``cfg`` is the server's lookahead setting (``plain``:
-    one-token steps only, the baseline); ``shared_pool`` the warm pool, or None."""
+    """The engine thread and its queue. ``model``: the model, or a function without arguments that
+    loads and returns it, called on the engine thread (see the module docstring: where a process
+    does its CPU work in torch on one thread, it runs at full speed); ``cfg`` is the server's
+    lookahead setting (``plain``: one-token steps only, the baseline); ``shared_pool`` the warm
+    pool, or None. The constructor returns once the engine is ready, raising what loading or
+    checking the model raised."""
 
     def __init__(
         self,
-        model,
+        model: torch.nn.Module | Callable[[], torch.nn.Module],
         cfg: LookaheadConfig,
         *,
         max_batch_size: int = 8,
@@ -97,10 +108,27 @@ class Service:
         shared_pool: SharedPool | None = None,
         on_step=None,
     ) -> None:
-        self.model, self.cfg = model, cfg
+        self.cfg = cfg
         self.max_batch_size, self.max_queue = max_batch_size, max_queue
         self.shared_pool = shared_pool
         self.on_step = on_step  # on_step(seconds, active, forward passes, sequence steps, tokens): metrics
+        self._pending: deque[Request] = deque()
+        self._by_seq: dict[int, Request] = {}
+        self._cond = threading.Condition()
+        self._stopping = False
+        ready, failed = threading.Event(), []
+        self._thread = threading.Thread(
+            target=self._main, args=(model, ready, failed), name="lookahead-engine", daemon=True
+        )
+        self._thread.start()
+        ready.wait()
+        if failed:
+            self._thread.join()
+            raise failed[0]
+
+    def _setup(self, model: torch.nn.Module) -> None:
+        """Check the model, calibrate its cost curve and build the engine (on the engine thread)."""
+        self.model, cfg = model, self.cfg
         spec = check_model(model)
         if spec.encoder_decoder:
             raise ValueError("the server runs decoder-only models (requests join a batch mid-way)")
@@ -117,12 +145,6 @@ class Service:
         )
         eos = model.generation_config.eos_token_id
         self.eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-        self._pending: deque[Request] = deque()
-        self._by_seq: dict[int, Request] = {}
-        self._cond = threading.Condition()
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="lookahead-engine", daemon=True)
-        self._thread.start()
 
     # -- called from the event loop ------------------------------------------------------------
 
@@ -160,6 +182,16 @@ class Service:
         self._thread.join(timeout)
 
     # -- the engine thread -----------------------------------------------------------------------
+
+    def _main(self, model, ready: threading.Event, failed: list) -> None:
+        try:
+            self._setup(model if isinstance(model, torch.nn.Module) else model())
+        except BaseException as err:  # the constructor raises it
+            failed.append(err)
+            return
+        finally:
+            ready.set()
+        self._run()
 
     def _run(self) -> None:
         with torch.inference_mode():
