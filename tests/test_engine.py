@@ -345,17 +345,7 @@ def test_a_service_can_load_its_model_and_runs_every_forward_pass_on_its_engine_
         assert loaded_on == ["lookahead-engine"]
         assert threads <= {"lookahead-engine"}  # the model's check and calibration, where not cached
         prompt = repetitive_prompt(24, 3)[0].tolist()
-
-        async def main():
-            request = Request(prompt_ids=prompt, max_tokens=NEW)
-            service.submit(request)
-            tokens, reason = [], None
-            while reason is None:
-                event = await request.events.get()
-                tokens, reason = tokens + event.tokens, event.finish_reason
-            return tokens
-
-        got = asyncio.run(main())
+        got, _ = asyncio.run(ask(service, prompt))
     finally:
         service.shutdown(timeout=30)
         for hook in hooks:
