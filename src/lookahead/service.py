@@ -6,13 +6,15 @@ server's event loop stays free. Every forward pass of the service runs there, it
 cost calibration included, and so can the model's loading (pass a function that loads it): on a
 CPU, torch's OpenMP runtime (GNU libgomp) keeps a team of worker threads per thread that has run
 parallel work, and once a process holds more such workers than it has CPUs, every team stops
-spin-waiting between parallel regions and sleeps instead. A model loaded on the main thread and
-stepped on another made every forward pass of SmolLM2 in bf16 on 2 cores take 1.7x as long (67
-against 39 ms per token: ``benchmarks/thread_cost.py``). A request is queued by :meth:`Service.submit`; at the next step
-boundary the thread admits queued requests up to ``max_batch_size`` (prefilling them together),
-then steps the batch. After every step each request's new tokens go to its own
-``asyncio.Queue`` as :class:`Event` objects; the last one says why it finished. A cancelled
-request (a client that went away) leaves the batch at the next step boundary.
+spin-waiting between parallel regions and sleeps instead. With SmolLM2 in bf16 on 2 cores, a
+service given a model loaded on the main thread took 60 ms per token, one that loaded it on its
+engine thread 38 (``benchmarks/thread_cost.py``).
+
+A request is queued by :meth:`Service.submit`; at the next step boundary the thread admits queued
+requests up to ``max_batch_size`` (prefilling them together), then steps the batch. After every
+step each request's new tokens go to its own ``asyncio.Queue`` as :class:`Event` objects; the last
+one says why it finished. A cancelled request (a client that went away) leaves the batch at the
+next step boundary.
 
 Each request carries its own settings: ``max_tokens``, greedy or sampling (``temperature``,
 ``top_p``, ``top_k``), a ``seed`` and a cap on W/N/G. A sampled request draws each token from
