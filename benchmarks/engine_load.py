@@ -28,15 +28,14 @@ from lookahead import datasets, models
 from lookahead.config import LookaheadConfig
 from lookahead.decoding import Lookahead
 from lookahead.pool import SharedPool
-from lookahead.service import Request, Service
+from lookahead.service import PLAIN_CONFIG, Request, Service
 
 
 def services(model, lookahead: LookaheadConfig, max_batch_size: int) -> dict:
     """Each server as a function that starts it: one service at a time holds an engine thread (a
     second thread with torch work of its own would slow both, see benchmarks/thread_cost.py)."""
-    plain = LookaheadConfig(0, 2, 0, seed_pool_from_prompt=False, pool_from_output=False, context_lookup=False)
     return {
-        "plain": lambda: Service(model, plain, max_batch_size=max_batch_size),
+        "plain": lambda: Service(model, PLAIN_CONFIG, max_batch_size=max_batch_size),
         "lookahead": lambda: Service(model, lookahead, max_batch_size=max_batch_size, shared_pool=SharedPool()),
         "lookahead, no shared pool": lambda: Service(model, lookahead, max_batch_size=max_batch_size),
     }

@@ -30,12 +30,11 @@ def main() -> int:
     args = parser.parse_args()
 
     import torch
+    from engine_load import drive  # benchmarks/, on the path when this script runs
 
     from lookahead import datasets, models
-    from lookahead.config import LookaheadConfig
-    from lookahead.service import Request, Service
+    from lookahead.service import PLAIN_CONFIG, Service
 
-    plain = LookaheadConfig(0, 2, 0, seed_pool_from_prompt=False, pool_from_output=False, context_lookup=False)
     n = args.new_tokens
     rows: dict[str, list[float]] = {}
 
@@ -48,19 +47,8 @@ def main() -> int:
         return (time.perf_counter() - start) / n * 1000
 
     def service_ms(service: Service, ids: list[int]) -> float:
-        async def run() -> int:
-            request = Request(ids, n)
-            service.submit(request)
-            count = 0
-            while True:
-                event = await request.events.get()
-                count += len(event.tokens)
-                if event.finish_reason is not None:
-                    return count
-
-        start = time.perf_counter()
-        count = asyncio.run(run())
-        return (time.perf_counter() - start) / count * 1000
+        seconds, outputs = asyncio.run(drive(service, [ids], 1, n))
+        return seconds / len(outputs[0]) * 1000
 
     def timed(name: str, measure) -> None:
         measure()  # warm-up
@@ -73,7 +61,7 @@ def main() -> int:
         loaded["model"], loaded["tokenizer"] = models.load(args.model, dtype=args.dtype)
         return loaded["model"]
 
-    service = Service(load, plain)
+    service = Service(load, PLAIN_CONFIG)
     ids = prompt(loaded["tokenizer"])[0].tolist()
     timed("service, model loaded on its engine thread", lambda: service_ms(service, ids))
     service.shutdown()
@@ -83,7 +71,7 @@ def main() -> int:
     model, tokenizer = models.load(args.model, dtype=args.dtype)
     ids_tensor = prompt(tokenizer)
     timed("generate on the thread that loaded the model", lambda: generate_ms(model, ids_tensor))
-    service = Service(model, plain)
+    service = Service(model, PLAIN_CONFIG)
     timed("service, model loaded on the main thread", lambda: service_ms(service, ids))
     service.shutdown()
     result: list[float] = []

@@ -290,12 +290,11 @@ def _serve(args) -> int:
     except ImportError as err:
         raise ValueError("lookahead serve needs the server's extras: pip install 'lookahead[serve]'") from err
 
-    from .config import LookaheadConfig
     from .decoding import Lookahead
     from .metrics import Metrics
     from .pool import SharedPool
     from .server import ServerSettings, create_app
-    from .service import Service
+    from .service import PLAIN_CONFIG, Service
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -303,10 +302,7 @@ def _serve(args) -> int:
         raise ValueError("--max-batch-size and --max-queue must be at least 1")
     lookahead = Lookahead(args.window_size, args.ngram_size, args.max_candidates)  # validates W/N/G
     device = _device(args.device)
-    if args.plain:  # the same engine, one token per step: no candidates, no window, no pools
-        cfg = LookaheadConfig(0, 2, 0, seed_pool_from_prompt=False, pool_from_output=False, context_lookup=False)
-    else:
-        cfg = lookahead.config_for(device)
+    cfg = PLAIN_CONFIG if args.plain else lookahead.config_for(device)
     shared = None if args.plain or args.no_shared_pool else SharedPool()
     metrics = Metrics()
     loaded = {}

@@ -53,6 +53,10 @@ from .support import check_model
 
 logger = logging.getLogger(__name__)
 
+# `lookahead serve --plain`, the baseline: the same engine with one-token steps (no candidates, no
+# window, no pools)
+PLAIN_CONFIG = LookaheadConfig(0, 2, 0, seed_pool_from_prompt=False, pool_from_output=False, context_lookup=False)
+
 
 class QueueFullError(RuntimeError):
     """Too many requests are waiting to be admitted; retry later."""
