@@ -258,9 +258,10 @@ def test_dropped_streams_free_their_sequences(server_a):
     headers = {"Authorization": f"Bearer {KEY}"}
     with httpx.Client(timeout=60) as http:
         streams = [http.stream("POST", f"{server_a.url}/v1/completions", json=body, headers=headers) for _ in range(8)]
+        lines = []  # kept: a line iterator that is dropped closes its response, so its client is gone at once
         for stream in streams:
-            response = stream.__enter__()
-            next(response.iter_lines())  # the first chunk has come
+            lines.append(stream.__enter__().iter_lines())
+            next(lines[-1])  # the first chunk has come
         assert server_a.metric("lookahead_active_sequences") > 0
         for stream in streams:
             stream.__exit__(None, None, None)
