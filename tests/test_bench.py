@@ -181,6 +181,10 @@ def test_bench_by_batch_size(tmp_path, capsys):
     assert [r["method"] for r in two["summary"]] == ["greedy", "lookahead(auto)"]  # prompt lookup cannot batch
     assert len(two["runs"]) == 4 and all(r["identical"] for r in two["runs"])
     assert two["meta"]["batch_size"] == 2
+    # what the batch's steps were priced with: a batch of 2 after 64 cached columns (GPT-2's 256
+    # positions leave no room for the longer calibration), one sequence's curve for batch 1
+    assert list(two["meta"]["batch_costs"]) == ["2"] and list(two["meta"]["batch_costs"]["2"]) == ["64"]
+    assert two["meta"]["batch_costs"]["2"]["64"][0][0] == 1 and "cost_curve" in one["meta"]
     table = (out / "mine-batches.md").read_text()
     assert "| 2 | lookahead(auto) |" in table and "| 1 | prompt_lookup(3) |" in table
     assert one["summary"][2]["bound"] >= 1.0 - 1e-9 and two["summary"][1]["bound"] is None  # one sequence's bound only

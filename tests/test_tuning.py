@@ -302,45 +302,117 @@ def test_a_given_cost_curve_decides_the_steps():
         Lookahead(cost_curve=[(2, 1.0), (1, 2.0)])
 
 
-def test_learned_batch_costs_override_the_curve():
-    """A server's chooser prices batched steps by their own timings: a flat curve says a batch of
-    8 verifying (1, 4) costs little, but if such steps took 5x a plain one, it stops taking them."""
-    flat = CostCurve(((1, 1.0), (8, 1.0), (128, 1.0)))
-    chooser = WidthChooser(flat, 1, 4, batch=8, learn_costs=True)
+def _batch_costs(near: dict, far: dict) -> tuning.BatchCosts:
+    """Batch costs measured at 2 and 8 sequences after 64 and 512 cached columns: ``near[B]`` and
+    ``far[B]`` are T_B(k) at 64 and 512 for k = 1, 2, 4."""
+    curve = lambda seconds: CostCurve(tuple(zip((1, 2, 4), seconds, strict=True)))  # noqa: E731
+    return tuning.BatchCosts(STEEP, tuple((b, ((64, curve(near[b])), (512, curve(far[b])))) for b in (2, 8)))
+
+
+def test_batch_costs_interpolate_over_batch_sizes_and_cache_lengths():
+    costs = _batch_costs({2: (1.0, 1.2, 1.4), 8: (2.0, 3.0, 4.0)}, {2: (2.0, 3.0, 4.0), 8: (4.0, 8.0, 12.0)})
+    assert costs.ratio(2, 2, 64) == pytest.approx(1.2) and costs.ratio(4, 8, 64) == pytest.approx(2.0)
+    assert costs.ratio(2, 2, 10) == pytest.approx(1.2)  # below the shortest cache: its costs
+    assert costs.ratio(2, 8, 512) == pytest.approx(2.0)
+    # seconds linear in the cache length, then their ratio: halfway, T(2) = 5.5, T(1) = 3
+    assert costs.ratio(2, 8, 288) == pytest.approx(5.5 / 3.0)
+    assert costs.ratio(2, 8, 960) == pytest.approx(13.0 / 6.0)  # beyond the longest: extrapolated
+    # between batch sizes, the ratio is interpolated: B = 5 is halfway between 2 and 8
+    assert costs.ratio(4, 5, 64) == pytest.approx((1.4 + 2.0) / 2)
+    assert costs.ratio(2, 1, 64) == STEEP.ratio(2)  # one sequence: the single curve
+    assert costs.ratio(2, 16, 64) == pytest.approx(1.5)  # beyond the largest batch: its ratio
+
+
+def test_a_batch_is_priced_by_its_measured_costs_not_the_single_curve():
+    """The single curve says a batch of 8 verifying (1, 4) costs next to nothing (FLAT); measured
+    batch costs say such a step costs 1.2x a plain one after a short cache and 3x after a long
+    one: with 2.5 tokens expected per sequence, it pays in the first case only."""
+    costs = _batch_costs({2: (1.0, 1.1, 1.2), 8: (1.0, 1.1, 1.2)}, {2: (1.0, 2.0, 3.0), 8: (1.0, 2.0, 3.0)})
+    chooser = WidthChooser(FLAT, 1, 4, batch=8)
     for _ in range(20):
-        chooser.record((1, 4), 3, [2], None)  # two tokens of three accepted
-    assert chooser.best() != PLAIN  # by the flat curve: 3 tokens for the price of 1
-    for _ in range(3):  # steps of 1, 2, 3, 4 tokens per sequence, as timed
-        for k, seconds in ((1, 0.1), (2, 0.3), (3, 0.4), (4, 0.5)):
-            chooser.observe_cost(8, k, seconds)
-    assert chooser.ratio(4) == pytest.approx(5.0)
-    assert chooser.best() == PLAIN
-    chooser.batch = 1  # a batch of one is priced by the curve, whose ratio is then exact
-    assert chooser.ratio(4) == 1.0
-    off = WidthChooser(flat, 1, 4, batch=8)
-    off.observe_cost(8, 4, 0.5)
-    assert off.ratio(4) == 1.0  # not learning: the curve alone
+        chooser.record((1, 4), 3, [3])
+        chooser.record((1, 4), 3, [0])
+    assert chooser.rate(1, 4) == pytest.approx(2.5 / FLAT.ratio(4, 8))
+    chooser.batch_costs = costs
+    chooser.context = 64
+    assert chooser.rate(1, 4) == pytest.approx(2.5 / 1.2) and chooser.best() != PLAIN
+    chooser.context = 512
+    assert chooser.rate(1, 4) == pytest.approx(2.5 / 3.0) and chooser.best() == PLAIN
+    chooser.batch = 1  # a lone sequence: the single curve
+    assert chooser.rate(1, 4) == pytest.approx(2.5 / FLAT.ratio(4))
 
 
-def test_learned_costs_carry_across_batch_sizes():
-    """Timings are kept by the step's total new tokens, so steps of a batch of 8 price a batch of 6
-    (which a server reaches as sequences finish): 6 x 4 = 24 tokens took what 8 x 3 did, and 6 x 1
-    is 8 x 1 scaled by the curve's shape below the smallest count timed. One trusted count alone
-    says nothing about a ratio: the curve's stands."""
-    curve = CostCurve(((1, 1.0), (4, 1.0), (8, 2.0), (128, 2.0)))  # T(6) / T(8) = 0.75
-    chooser = WidthChooser(curve, 1, 4, batch=6, learn_costs=True)
-    chooser.observe_cost(8, 1, 0.1)
-    for _ in range(2):
-        chooser.observe_cost(8, 1, 0.1)
-        assert chooser.ratio(4) == curve.ratio(4, 6)  # nothing trusted yet, then one count only
-    for _ in range(3):
-        for k, seconds in ((2, 0.3), (3, 0.4), (4, 0.5)):
-            chooser.observe_cost(8, k, seconds)
-    assert chooser.learned_cost(6) == pytest.approx(0.075)
-    assert chooser.learned_cost(20) == pytest.approx(0.35)  # halfway between 16 and 24 tokens
-    assert chooser.learned_cost(64) == pytest.approx(0.5)  # the curve is flat past 32
-    assert chooser.ratio(4) == pytest.approx(0.4 / 0.075)
-    assert chooser.ratio(1) == 1.0
+def test_batch_curve_is_measured_once_and_only_extended_after(tmp_path, monkeypatch):
+    """A batch's costs are stored like the single curve: read back, not timed again; a wider
+    setting times only the counts it adds, in the stored curve's units, and keeps the rest."""
+    monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path))
+    monkeypatch.setattr(tuning, "_curves", {})
+    model = tiny_model("llama")
+    timed = []
+
+    def make_step(scale):
+        def step(k):
+            timed.append(k)
+            clock.now += scale * (1 + 0.25 * (k - 1))
+
+        return lambda: step
+
+    clock = FakeClock({})
+    monkeypatch.setattr(tuning.time, "perf_counter", clock)
+    first = tuning.batch_curve(model, 4, 64, 3, make_step(1.0))
+    assert [k for k, _ in first.points] == [1, 2, 3]  # the grid up to the first count >= 3
+    assert first.ratio(3) == pytest.approx(1.5)
+    key = f"{tuning.curve_key(model)}|batch-4|context-64"
+    assert key in tuning._read_disk()
+    monkeypatch.setattr(tuning, "_curves", {})  # as a new process: from disk
+    timed.clear()
+    assert tuning.batch_curve(model, 4, 64, 2, make_step(1.0)) == first and not timed
+    wider = tuning.batch_curve(model, 4, 64, 7, make_step(2.0))  # a machine twice as slow now
+    assert set(timed) == {1, 4, 6, 8}  # the new counts up to the first >= 7, and 1 to scale them by
+    assert wider.points[:3] == first.points
+    assert wider.ratio(8) == pytest.approx(2.75) and wider(8) == pytest.approx(2.75 * first(1))
+
+
+def test_generate_prices_a_batch_by_its_stored_batch_costs(tmp_path, monkeypatch):
+    """``Lookahead()`` on a batch reads the batch costs stored for the model (never timing them
+    again) and decides by them, at the batch's cache length: costs that make every wide step a
+    loss leave a repetitive batch on plain steps, costs that make width free let it verify, and
+    costs free after a short cache but dear after a long one tell a short batch from a long one.
+    A given ``cost_curve`` prices the batch by that curve alone. The outputs never change."""
+    import json
+
+    from lookahead.decoding import _context
+    from lookahead.support import check_model
+
+    monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path))
+    model = tiny_model("llama")
+    key, spec = tuning.curve_key(model), check_model(model)
+    near, far = sorted({_context(spec, length) for length in tuning.BATCH_CONTEXTS})
+    assert (near, far) == (64, 128)  # the tiny model's 512 positions shorten the longer one
+    free, dear = (lambda k: 1.0), (lambda k: 1.0 if k == 1 else 50.0 * k)
+
+    def wide_steps(prompt_length, at_near, at_far, lookahead=None):
+        data = {key: [[1, 1.0], [128, 1.0]]}
+        for context, seconds in ((near, at_near), (far, at_far)):
+            data[f"{key}|batch-2|context-{context}"] = [[k, seconds(k)] for k in tuning.ROW_GRID]
+        (tmp_path / "cost-curves.json").write_text(json.dumps(data))
+        monkeypatch.setattr(tuning, "_curves", {})
+        prompts = torch.cat([repetitive_prompt(prompt_length, 1), repetitive_prompt(prompt_length, 2)])
+        expected = model.generate(prompts, max_new_tokens=30, do_sample=False)
+        lookahead = lookahead or Lookahead()
+        got = model.generate(prompts, max_new_tokens=30, do_sample=False, custom_generate=lookahead)
+        assert got.tolist() == expected.tolist()
+        return lookahead.last_stats.wide_steps
+
+    def forbid(*args, **kwargs):
+        raise AssertionError("a stored curve was timed again")
+
+    monkeypatch.setattr(tuning, "measure", forbid)
+    assert wide_steps(24, free, free) >= 5
+    assert wide_steps(24, dear, dear) <= 1  # the first probe at most
+    assert wide_steps(24, free, dear) >= 5  # 24-54 cached columns: the costs after 64
+    assert wide_steps(140, free, dear) <= 1  # 140-170: past the costs after 128
+    assert wide_steps(24, dear, dear, Lookahead(cost_curve=[(1, 1.0), (128, 1.0)])) >= 5
 
 
 def test_batch_rows_without_candidates_count_one_token():
@@ -389,3 +461,43 @@ def test_the_calibration_runs_without_autograd(arch, tmp_path, monkeypatch):
     assert [k for k, _ in curve.points] == [1, 2, 4]
     assert tuning.CALIBRATION in tuning.curve_key(model)
     assert tuning._read_disk().keys() == {tuning.curve_key(model)}
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "t5"])
+def test_batch_costs_are_timed_on_batched_steps_under_a_mask(arch, tmp_path, monkeypatch):
+    """The batch calibration runs B sequences of k tokens each, without autograd, and (decoder-only)
+    under a 4D mask at every count, a plain step included, since a batch's cache holds holes; its
+    curves are stored per batch size and cache length (one length where the position table is
+    short: GPT-2's 256 positions leave 64 for both)."""
+    from tiny_models import tiny_seq2seq
+
+    from lookahead.decoding import model_batch_costs
+    from lookahead.support import check_model
+
+    monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path))
+    monkeypatch.setattr(tuning, "_curves", {})
+    model = tiny_seq2seq(arch) if arch == "t5" else tiny_model(arch)
+    seen = []
+
+    def look(module, args, kwargs):
+        ids = kwargs.get("decoder_input_ids", kwargs.get("input_ids"))
+        mask = kwargs.get("attention_mask")
+        seen.append((tuple(ids.shape), None if mask is None else mask.dim(), torch.is_grad_enabled()))
+
+    handle = model.register_forward_pre_hook(look, with_kwargs=True)
+    try:
+        with torch.enable_grad():
+            costs = model_batch_costs(model, check_model(model), 3, 4)
+    finally:
+        handle.remove()
+    contexts = [64] if arch == "gpt2" else [64, 128] if arch == "llama" else [64, 512]
+    assert [size for size, _ in costs.by_batch] == [2, 4]
+    assert [[length for length, _ in curves] for _, curves in costs.by_batch] == [contexts, contexts]
+    assert all(len(curve.points) == 4 for _, curves in costs.by_batch for _, curve in curves)  # k = 1..4
+    assert not any(grad for *_, grad in seen)
+    steps = [(shape, dim) for shape, dim, _ in seen if shape[0] > 1 and shape[1] <= 4]  # prefills: longer
+    assert {shape for shape, _ in steps} == {(b, k) for b in (2, 4) for k in (1, 2, 3, 4)}
+    if arch != "t5":
+        assert {dim for _, dim in steps} == {4}
+    stored = tuning._read_disk().keys()
+    assert {f"{tuning.curve_key(model)}|batch-{b}|context-{c}" for b in (2, 4) for c in contexts} <= stored

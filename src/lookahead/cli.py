@@ -221,7 +221,8 @@ def _bench(args) -> int:
     import transformers
 
     from . import bench, datasets
-    from .decoding import model_cost_curve
+    from .decoding import model_batch_costs, model_cost_curve
+    from .support import check_model
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -270,6 +271,12 @@ def _bench(args) -> int:
             )
             if batch == 1:  # what the tuner priced its steps with and the bound was priced with
                 meta["cost_curve"] = [list(point) for point in model_cost_curve(model).points]
+            else:  # what Lookahead() priced a batch's steps with: seconds by batch size and cache length
+                costs = model_batch_costs(model, check_model(model), batch, 1)  # as stored by the run
+                meta["batch_costs"] = {
+                    size: {length: [list(point) for point in curve.points] for length, curve in curves}
+                    for size, curves in costs.by_batch
+                }
             table, by_batch[batch] = bench.write_report(runs, out, report, meta)
             print(table)
             print(f"written: {out}/{report}.json, .md, .png\n")

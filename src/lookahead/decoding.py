@@ -34,7 +34,16 @@ from .runner import DecoderRunner, Seq2SeqRunner
 from .sequences import Emitter, SeqState, assemble
 from .step import prompt_rows, validate_call
 from .support import MaskSpec, check_model
-from .tuning import CostCurve, WidthChooser, cost_curve, curve_key
+from .tuning import (
+    BATCH_CONTEXTS,
+    BatchCosts,
+    CostCurve,
+    WidthChooser,
+    batch_curve,
+    batch_sizes_to_measure,
+    cost_curve,
+    curve_key,
+)
 from .window import JacobiWindow
 
 logger = logging.getLogger(__name__)
@@ -268,13 +277,22 @@ def new_sequence(
 
 
 def make_chooser(
-    model, cfg: LookaheadConfig, spec: MaskSpec, batch: int, curve: CostCurve | None = None
+    model,
+    cfg: LookaheadConfig,
+    spec: MaskSpec,
+    batch: int,
+    curve: CostCurve | None = None,
+    *,
+    largest_batch: int | None = None,
 ) -> WidthChooser:
     """The width chooser for ``cfg``: adaptive ones price steps with ``curve``, or the model's
-    cost curve (measured once, then read from disk)."""
-    if cfg.adaptive and curve is None:
+    cost curve (measured once, then read from disk), and the steps of a batch with its costs
+    measured over batch shapes (``model_batch_costs``) up to ``largest_batch`` sequences (default
+    ``batch``; a server passes the most it admits), unless the caller gave ``curve``."""
+    measured = cfg.adaptive and curve is None
+    if measured:
         curve = model_cost_curve(model, spec)
-    return WidthChooser(
+    chooser = WidthChooser(
         curve=curve if cfg.adaptive else None,
         max_candidates=cfg.max_candidates,
         ngram_size=cfg.ngram_size,
@@ -282,6 +300,10 @@ def make_chooser(
         batch=batch,
         enabled=cfg.adaptive,
     )
+    largest = max(batch, largest_batch or 0)
+    if measured and largest > 1 and (cfg.max_candidates > 0 or cfg.window_size > 0):
+        chooser.batch_costs = model_batch_costs(model, spec, largest, chooser.rows(*chooser.widest))
+    return chooser
 
 
 def make_drafter(cfg: LookaheadConfig, spec: MaskSpec, batch: int, curve: CostCurve | None) -> TreeDrafter | None:
@@ -303,22 +325,48 @@ def model_cost_curve(model, spec: MaskSpec | None = None) -> CostCurve:
         return cost_curve(model, lambda: _calibration_step(model, spec))
 
 
-def _calibration_step(model, spec: MaskSpec):
-    """A forward pass over k new tokens after a 64-token context, the cache restored after: what
-    :func:`lookahead.tuning.measure` times."""
+def model_batch_costs(model, spec: MaskSpec, batch: int, rows: int) -> BatchCosts:
+    """What the steps of a batch of up to ``batch`` sequences, of up to ``rows`` new tokens each,
+    cost: measured at the batch sizes ``tuning.batch_sizes_to_measure`` names and the cache
+    lengths ``tuning.BATCH_CONTEXTS`` names (shorter where the model's position table is), once,
+    then read from disk (``lookahead.tuning.batch_curve``)."""
+    contexts = sorted({_context(spec, length) for length in BATCH_CONTEXTS})
+
+    def measured(size: int, length: int) -> CostCurve:
+        return batch_curve(model, size, length, rows, lambda: _calibration_step(model, spec, size, length))
+
+    with torch.no_grad():  # as model_cost_curve
+        single = model_cost_curve(model, spec)
+        sizes = batch_sizes_to_measure(batch)
+        by_batch = tuple((size, tuple((length, measured(size, length)) for length in contexts)) for size in sizes)
+    return BatchCosts(single, by_batch)
+
+
+def _context(spec: MaskSpec, length: int) -> int:
+    """``length`` cached tokens, or fewer where the model's position table leaves less room."""
+    return length if spec.max_positions is None else min(length, spec.max_positions // 4)
+
+
+def _calibration_step(model, spec: MaskSpec, batch: int = 1, length: int = 64):
+    """A forward pass over k new tokens per sequence after a context of about ``length`` tokens
+    (fewer where the position table is short), the cache restored after: what
+    :func:`lookahead.tuning.measure` times. In a batch (of a decoder-only model) every second
+    context is a token shorter, so the cache holds holes and every step runs under a mask, as a
+    batch's steps do once its sequences have advanced unevenly."""
     device = model.device
+    context = _context(spec, length)
     if spec.encoder_decoder:
-        encoder = model.get_encoder()(input_ids=torch.ones(1, 32, dtype=torch.long, device=device))
+        encoder = model.get_encoder()(input_ids=torch.ones(batch, 32, dtype=torch.long, device=device))
         runner = Seq2SeqRunner(model, {"encoder_outputs": encoder})
+        runner.prefill([[1] * context] * batch)
     else:
         runner = DecoderRunner(model, spec)
-    context = 64 if spec.max_positions is None else min(64, spec.max_positions // 4)
-    runner.prefill([[1] * context])
+        runner.prefill([[1] * (context - b % 2) for b in range(batch)])
 
     def step(k: int) -> None:
         if spec.max_positions is not None and context + k >= spec.max_positions:
             k = spec.max_positions - context - 1  # the position table's end: time what fits
-        runner.step(build_layout(1, 0, 0, 1 if k > 1 else 0, k - 1), [[1] * k])
+        runner.step(build_layout(1, 0, 0, 1 if k > 1 else 0, k - 1), [[1] * k] * batch)
         if device.type != "cpu":  # the pass has finished before the clock is read
             torch.accelerator.synchronize(device)
         runner.cache.crop(-k)
@@ -326,4 +374,4 @@ def _calibration_step(model, spec: MaskSpec):
     return step
 
 
-__all__ = ["Lookahead", "make_chooser", "make_drafter", "new_sequence"]
+__all__ = ["Lookahead", "make_chooser", "make_drafter", "model_batch_costs", "new_sequence"]

@@ -155,13 +155,10 @@ class Engine:
 
         # 2. one forward pass, and the model's greedy choices at the kept slots: on an accelerator
         # all of them, read at once (the step's one host-device synchronisation); on a CPU only
-        # those read below (lookahead.choices). Timed when the chooser learns batched step costs.
-        start = time.perf_counter()
+        # those read below (lookahead.choices)
         logits = self.runner.step(layout, step_ids)  # [B, K, V]
         choices = StepChoices(logits, lazy=self.lazy_choices)
         fetch_matched(choices, layout, [seq.candidates for seq in active])
-        if chooser.learn_costs:
-            chooser.observe_cost(len(active), layout.length, time.perf_counter() - start)
 
         # 3. verify each sequence
         scorers = [
@@ -215,7 +212,7 @@ class Engine:
         """The chooser's setting for this step, each sequence's suffix match length, and the
         candidates at hand (looked up once for pricing and planning; None when not adaptive)."""
         cfg, chooser = self.cfg, self.chooser
-        chooser.batch = len(active)
+        chooser.batch, chooser.context = len(active), self.runner.columns
         matches = [seq.match_length() if chooser.enabled else None for seq in active]
         sizes = have = found = None
         if chooser.enabled:

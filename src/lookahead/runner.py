@@ -309,6 +309,11 @@ class DecoderRunner:
         self.holes = self.holes or any(k < width for k in counts)  # read on the host: no device sync
         self._trim_sliding()
 
+    @property
+    def columns(self) -> int:
+        """Cache columns per sequence (holes included): what every query of a step attends over."""
+        return 0 if self.key_pos is None else self.key_pos.shape[1]
+
     def hand_back(self) -> DynamicCache:
         """The cache, for the caller of ``generate``: plain DynamicLayers again (see
         :meth:`lookahead.slab.Slab.detach`); the runner is done with it."""
@@ -413,6 +418,11 @@ class Seq2SeqRunner:
         """Every sequence keeps the same number of entries: t and the first accepted tokens. A sequence
         that kept fewer has just stopped inside the step and leaves the batch next (``select``)."""
         self.cache.crop(-(layout.length - max(k for _, k in picks)))
+
+    @property
+    def columns(self) -> int:
+        """Decoder cache columns per sequence: what every query of a step attends over."""
+        return self.cache.get_seq_length()
 
     def hand_back(self) -> EncoderDecoderCache:
         """The cache, for the caller of ``generate``."""

@@ -141,8 +141,7 @@ class Service:
         self.spec = spec
         self.cfg = cfg = settle(cfg, spec)  # models without position_ids take linear steps
         self.stats = LookaheadStats(config=cfg, accepted_hist=[0] * cfg.max_emitted)
-        chooser = make_chooser(model, cfg, spec, 1)
-        chooser.learn_costs = True  # outputs never depend on step shapes here (see WidthChooser)
+        chooser = make_chooser(model, cfg, spec, 1, largest_batch=self.max_batch_size)
         # a lone request's steps are drafted token by token, as Lookahead() drafts them; the drafter's
         # learnt rates carry from one request to the next
         drafter = make_drafter(cfg, spec, 1, chooser.curve)

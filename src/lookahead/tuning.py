@@ -1,17 +1,20 @@
 """Auto-tuning: how wide each step should be, from the model's cost curve and the acceptance seen.
 
-**The model of the choice.** A step whose rows carry k input tokens each costs T(B*k) seconds
-for a batch of B rows (the forward pass is dominated by the B*k token rows), against T(B) for a
-plain one-token step. Verifying g candidates of n-1 tokens (plus, when W > 0, the window's rows)
-makes k = ``build_layout(...).length`` rows, and a row then emits 1 + a tokens, where a is the
-longest prefix of the first g candidates that the model agrees with, capped at n-1. So the
-expected speed of the setting (g, n), relative to plain decoding, is
+**The model of the choice.** A step over one sequence of k input tokens costs T(k) seconds,
+against T(1) for a plain one-token step; a step over a batch of B sequences of k tokens each
+costs T_B(k, C) after C cached columns per sequence, against T_B(1, C). Verifying g candidates of
+n-1 tokens (plus, when W > 0, the window's rows) makes k = ``build_layout(...).length`` tokens per
+sequence, and a sequence then emits 1 + a tokens, where a is the longest prefix of the first g
+candidates that the model agrees with, capped at n-1. So the expected speed of the setting
+(g, n), relative to plain decoding, is
 
-    rate(g, n) = E[1 + min(n - 1, max_{i <= g} a_i)] * T(B) / T(B * k(g, n))
+    rate(g, n) = E[1 + min(n - 1, max_{i <= g} a_i)] * T_B(1, C) / T_B(k(g, n), C)
 
 and plain decoding has rate 1. T comes from :func:`cost_curve`, measured once per model, device,
 dtype and thread count (a few forward passes over 1 to 128 tokens, kept in
-``$LOOKAHEAD_CACHE/cost-curves.json`` so that every process decides alike; or given by the user).
+``$LOOKAHEAD_CACHE/cost-curves.json`` so that every process decides alike; or given by the user);
+T_B from :func:`batch_curve`, measured as T is at a few batch sizes and cache lengths
+(:class:`BatchCosts`), or, where the user gave T, read off it as T(B * k) / T(B).
 
 The expectation is taken over the last ``memory`` observations: after every wide step, each row
 reports the matched prefix a_i of every candidate it verified (read off the step's logits,
@@ -39,7 +42,6 @@ does.
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import json
 import logging
@@ -211,6 +213,97 @@ def _write_disk(key: str, curve: CostCurve) -> None:
         logger.debug("could not store the cost curve: %s", err)
 
 
+# tokens per sequence at which a batch's step cost is measured, as far as its widest step needs
+ROW_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+# cache lengths (columns per sequence) after which a batch's step cost is measured
+BATCH_CONTEXTS = (64, 512)
+
+
+def batch_sizes_to_measure(batch: int) -> list[int]:
+    """The batch sizes whose measured costs price the steps of a batch of up to ``batch``
+    sequences: powers of two from 2 to the first one >= ``batch`` (sizes between two of them are
+    interpolated, see :class:`BatchCosts`)."""
+    sizes = [2]
+    while sizes[-1] < batch:
+        sizes.append(2 * sizes[-1])
+    return sizes
+
+
+@dataclass(frozen=True)
+class BatchCosts:
+    """What a batch's step of k new tokens per sequence costs relative to its plain step,
+    T_B(k, C) / T_B(1, C) after C cached columns per sequence, measured at a few batch sizes B
+    and cache lengths C (:func:`batch_curve`).
+
+    Read off the single-sequence curve, a batch's step would cost T(B * k) / T(B), as if its
+    sequences' rows were one sequence of B * k tokens after a short context. They are not: on a
+    2-core CPU in bf16 (SmolLM2, a batch of 8) a 2-token step costs 1.13x a plain one after 64
+    cached tokens and 1.42x after 512, where T(16) / T(8) says 1.04; a 4-token step 1.23x and
+    1.47x where T(32) / T(8) says 1.15. Every sequence attends over the whole cache under its own
+    mask, so wide steps grow dearer with B and C. A batch priced by the single curve ran wide
+    steps that lost (0.96x greedy on MT-bench at a batch of 8).
+
+    Seconds are linear in C between (and beyond) the measured cache lengths, never falling as C
+    grows, and held below the shortest; the ratio (at least 1) is then interpolated linearly in B
+    between two measured batch sizes (B = 1 is the single curve, which has one context); beyond
+    the largest, the largest's ratio holds."""
+
+    single: CostCurve
+    # (batch size, ((cache length, curve over tokens per sequence), ...)), both increasing
+    by_batch: tuple[tuple[int, tuple[tuple[int, CostCurve], ...]], ...]
+
+    def ratio(self, k: int, batch: int, context: int = 0) -> float:
+        known = [(1, None), *self.by_batch]
+        for (b0, low), (b1, high) in zip(known, known[1:], strict=False):
+            if batch <= b1:
+                r0 = self.single.ratio(k) if low is None else self._ratio_at(low, k, context)
+                r1 = self._ratio_at(high, k, context)
+                return r0 + (r1 - r0) * (max(batch, b0) - b0) / (b1 - b0)
+        return self._ratio_at(known[-1][1], k, context)
+
+    @staticmethod
+    def _ratio_at(curves: tuple[tuple[int, CostCurve], ...], k: int, context: int) -> float:
+        (c0, near), (c1, far) = curves[0], curves[-1]
+        if c1 == c0 or context <= c0:
+            return near.ratio(k)
+        share = (context - c0) / (c1 - c0)
+        at = lambda tokens: near(tokens) + max(0.0, far(tokens) - near(tokens)) * share  # noqa: E731
+        return max(1.0, at(k) / at(1))
+
+
+def batch_curve(
+    model, batch: int, context: int, rows: int, make_step: Callable[[], Callable[[int], None]]
+) -> CostCurve:
+    """Seconds per forward pass over ``batch`` sequences of k new tokens each after ``context``
+    cached columns, for k on ``ROW_GRID`` up to the first count >= ``rows``: measured once
+    (:func:`measure`) and kept on disk beside the single-sequence curve, as that one is, so that
+    every process prices a batch alike. A wider setting later measures only the counts it adds,
+    and keeps the stored ones. ``make_step()`` returns a function running one such pass."""
+    key = f"{curve_key(model)}|batch-{batch}|context-{context}"
+    need = next((k for k in ROW_GRID if k >= rows), ROW_GRID[-1])
+    curve = _curves.get(key)
+    if curve is None and (stored := _read_disk().get(key)):
+        curve = CostCurve(tuple((int(k), float(s)) for k, s in stored))
+    if curve is None or curve.points[-1][0] < need:
+        known = {k for k, _ in curve.points} if curve is not None else set()
+        counts = [k for k in ROW_GRID if k <= need and k not in known]
+        start = time.perf_counter()
+        fresh = measure(make_step(), counts=tuple(counts) if counts[0] == 1 else (1, *counts))
+        if curve is None:
+            curve = fresh
+        else:  # the new counts in the stored curve's units, never below its last point
+            scale, points, floor = curve(1) / fresh(1), list(curve.points), curve.points[-1][1]
+            for k, seconds in fresh.points:
+                if k in counts:
+                    floor = max(floor, seconds * scale)
+                    points.append((k, floor))
+            curve = CostCurve(tuple(points))
+        logger.info("batch cost curve of %s measured in %.2f s: %s", key, time.perf_counter() - start, curve.points)
+        _write_disk(key, curve)
+    _curves[key] = curve
+    return curve
+
+
 def match_lengths(candidates: Sequence[Sequence[int]], first: int, choice: Callable[[int, int], int]) -> list[int]:
     """How many leading tokens of each candidate the model agrees with: ``first`` is its choice
     after t, ``choice(k, j)`` its choice after token j of candidate k. The candidates agreeing
@@ -263,52 +356,17 @@ class WidthChooser:
     _matches: list = field(default_factory=lambda: [None])
     _sizes: dict | None = None  # this step's input tokens per option, when the caller knows them
     _at_hand: list | None = None  # in a batch: candidates each sequence has at hand this step, when known
-    # learn_costs: price batched steps by the seconds their own forward passes took (a running
-    # mean per total of new tokens, over every batch size), where the single-sequence curve's
-    # T(B * k) / T(B) misjudges a batch; timing-dependent, so for servers, whose outputs do not
-    # depend on step shapes (greedy, and sampling from position-keyed noise)
-    learn_costs: bool = False
-    min_samples: int = 3  # timings of a token count before it is trusted
-    _step_costs: dict = field(default_factory=dict)  # new tokens in the step -> [mean seconds, count]
-    _learned: list | None = None  # the trusted (tokens, seconds), increasing tokens; None: to sort
+    # what a batch's steps cost, measured over batch shapes (None: read off the single curve)
+    batch_costs: BatchCosts | None = None
+    context: int = 0  # columns per sequence in the cache this step (what batch_costs are priced at)
 
     def ratio(self, k: int) -> float:
         """The cost of a step of k input tokens per sequence relative to a plain one, for this
-        step's batch: from the steps' own timings where ``learn_costs`` has them (see
-        :meth:`learned_cost`), else from the curve."""
-        if self.learn_costs and self.batch > 1:
-            wide, plain = self.learned_cost(self.batch * k), self.learned_cost(self.batch)
-            if wide is not None and plain is not None:
-                return max(1.0, wide / plain)
+        step's batch: from the costs measured over batch shapes (``batch_costs``), at this step's
+        cache length, else from the single-sequence curve."""
+        if self.batch > 1 and self.batch_costs is not None:
+            return self.batch_costs.ratio(k, self.batch, self.context)
         return self.curve.ratio(k, self.batch)
-
-    def learned_cost(self, tokens: int) -> float | None:
-        """Seconds a step over ``tokens`` new tokens (all sequences together) took, as timed: the
-        mean at that count, linear between the counts timed at least ``min_samples`` times, and
-        beyond them the nearest one scaled by the curve's shape. Keyed by total tokens, so that
-        every batch size informs the others (a batch of 6 stepping 4 tokens each is priced by
-        steps of 8 x 3 and 8 x 4 as well); None before any count is trusted."""
-        if self._learned is None:
-            self._learned = sorted((t, m) for t, (m, c) in self._step_costs.items() if c >= self.min_samples)
-        points = self._learned
-        if not points:
-            return None
-        (lo, lo_s), (hi, hi_s) = points[0], points[-1]
-        if tokens <= lo:
-            return lo_s * self.curve(tokens) / self.curve(lo)
-        if tokens >= hi:
-            return hi_s * self.curve(tokens) / self.curve(hi)
-        (x0, y0), (x1, y1) = points[bisect.bisect_left(points, (tokens,)) - 1 :][:2]  # x0 < tokens <= x1
-        return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
-
-    def observe_cost(self, batch: int, k: int, seconds: float) -> None:
-        """Record the seconds a forward pass over ``batch`` sequences of ``k`` tokens took."""
-        if not self.learn_costs:
-            return
-        entry = self._step_costs.setdefault(batch * k, [0.0, 0])
-        entry[1] += 1
-        entry[0] += (seconds - entry[0]) / min(entry[1], 16)  # the mean, then a moving mean
-        self._learned = None
 
     @property
     def widest(self) -> tuple[int, int]:
