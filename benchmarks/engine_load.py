@@ -2,10 +2,10 @@
 
 `benchmarks/serve_load.py` measures what clients see, through uvicorn and the openai client;
 this drives the same :class:`lookahead.service.Service` (engine thread, continuous batching,
-learned batch costs, warm pool) in-process, so that a change to the engine or the tuner can be
+measured batch costs, warm pool) in-process, so that a change to the engine or the tuner can be
 judged in a few minutes and with less noise. C clients each send their share of the requests one
 after another (greedy, ``max_tokens`` each); every repeat builds fresh services (an empty warm
-pool, nothing learned), and the servers run one after the other on the same requests. Reports
+pool, no drafting statistics), and the servers run one after the other on the same requests. Reports
 output tokens/s per server and repeat, its ratio to plain, forward passes and the steps that were
 wide, and checks that every server returned the same tokens.
 

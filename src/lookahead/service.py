@@ -133,7 +133,8 @@ class Service:
             raise failed[0]
 
     def _setup(self, model: torch.nn.Module) -> None:
-        """Check the model, calibrate its cost curve and build the engine (on the engine thread)."""
+        """Check the model, calibrate its costs (one sequence, and batches of up to ``max_batch_size``)
+        and build the engine (on the engine thread)."""
         self.model, cfg = model, self.cfg
         spec = check_model(model)
         if spec.encoder_decoder:
