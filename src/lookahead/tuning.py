@@ -155,10 +155,8 @@ def cost_curve(model, make_step: Callable[[], Callable[[int], None]]) -> CostCur
     key = curve_key(model)
     if key in _curves:
         return _curves[key]
-    stored = _read_disk().get(key)
-    if stored:
-        curve = CostCurve(tuple((int(k), float(s)) for k, s in stored))
-    else:
+    curve = _stored(key)
+    if curve is None:
         start = time.perf_counter()
         curve = measure(make_step())
         logger.info("cost curve of %s measured in %.2f s: %s", key, time.perf_counter() - start, curve.points)
@@ -198,6 +196,12 @@ def _read_disk() -> dict:
         return json.loads(_disk_path().read_text())
     except (OSError, ValueError):
         return {}
+
+
+def _stored(key: str) -> CostCurve | None:
+    """The curve stored on disk under ``key``, or None."""
+    stored = _read_disk().get(key)
+    return CostCurve(tuple((int(k), float(s)) for k, s in stored)) if stored else None
 
 
 def _write_disk(key: str, curve: CostCurve) -> None:
@@ -281,9 +285,7 @@ def batch_curve(
     and keeps the stored ones. ``make_step()`` returns a function running one such pass."""
     key = f"{curve_key(model)}|batch-{batch}|context-{context}"
     need = next((k for k in ROW_GRID if k >= rows), ROW_GRID[-1])
-    curve = _curves.get(key)
-    if curve is None and (stored := _read_disk().get(key)):
-        curve = CostCurve(tuple((int(k), float(s)) for k, s in stored))
+    curve = _curves.get(key) or _stored(key)
     if curve is None or curve.points[-1][0] < need:
         known = {k for k, _ in curve.points} if curve is not None else set()
         counts = [k for k in ROW_GRID if k <= need and k not in known]
