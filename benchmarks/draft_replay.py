@@ -34,7 +34,15 @@ of every draft still estimated).
 A policy is a name from ``policy_share.POLICIES`` or a JSON object of ``Lookahead`` keyword
 arguments (``"_drafter"``: ``TreeDrafter`` arguments). ``--batch B`` replays groups of B prompts
 through one batched call and reports the modeled speedup per group (plain decoding of a batch
-takes as many steps as its longest output).
+takes as many steps as its longest output). With ``--batch-costs`` the steps are chosen, as
+``Lookahead()`` chooses them, and priced in seconds by the costs this machine stored for the
+model over batch shapes (``tuning.BatchCosts``: a batch's step grows dearer with its size and
+cache, and a smaller batch's plain step costs about what a larger one's does);
+``--laggard-power`` replays with several weightings of the sequences behind
+(``engine.Engine._weights``; 0 counts every sequence's tokens alike):
+
+    .venv/bin/python benchmarks/draft_replay.py --batch 8 --max-new-tokens 128 --batch-costs \
+        --laggard-power 0 4
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ import functools
 import json
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -57,6 +66,7 @@ from lookahead import Lookahead, datasets, decoding, engine, models  # noqa: E40
 from lookahead.bound import clairvoyant_bounds  # noqa: E402
 from lookahead.drafting import TreeDrafter  # noqa: E402
 from lookahead.runner import DecoderRunner  # noqa: E402
+from lookahead.support import check_model  # noqa: E402
 
 
 class Oracle:
@@ -68,6 +78,8 @@ class Oracle:
         self.texts: dict[tuple[int, ...], list[int]] = {}  # prompt -> prompt + greedy output
         self.curve = None
         self.cost = 0.0  # plain steps' worth of forward passes since the last reset
+        # --batch-costs: seconds of a step of B sequences x k tokens after C cached columns
+        self.seconds: Callable[[int, int, int], float] | None = None
 
     def logits(self, choices: list[list[int]]) -> torch.Tensor:  # [B][K] -> [B, K, V]
         index = torch.tensor(choices)
@@ -82,23 +94,29 @@ class Oracle:
 
         def prefill(runner, prompts):
             runner.n_cached = [len(p) for p in prompts]
+            runner.replay_columns = max(len(p) for p in prompts)
             runner.texts = [oracle.texts[tuple(p)] for p in prompts]
             firsts = [[after(text, len(p) - 1)] for text, p in zip(runner.texts, prompts, strict=True)]
             return oracle.logits(firsts)[:, 0]
 
         def step(runner, layout, step_ids):
-            oracle.cost += oracle.curve.ratio(layout.length, len(step_ids))
+            if oracle.seconds is not None:
+                oracle.cost += oracle.seconds(len(step_ids), layout.length, runner.replay_columns)
+            else:
+                oracle.cost += oracle.curve.ratio(layout.length, len(step_ids))
             offsets, slots = layout.positions.tolist(), layout.logit_slots.tolist()
             rows = zip(runner.texts, runner.n_cached, strict=True)
             return oracle.logits([[after(text, n + offsets[s]) for s in slots] for text, n in rows])
 
         def commit(runner, layout, picks):
             runner.n_cached = [n + kept for n, (_, kept) in zip(runner.n_cached, picks, strict=True)]
+            runner.replay_columns += max(kept for _, kept in picks)
 
         def select(runner, keep):
             runner.n_cached = [runner.n_cached[i] for i in keep]
             runner.texts = [runner.texts[i] for i in keep]
 
+        DecoderRunner.columns = property(lambda runner: getattr(runner, "replay_columns", 0))
         DecoderRunner.prefill, DecoderRunner.step = prefill, step
         DecoderRunner.commit, DecoderRunner.select = commit, select
 
@@ -226,6 +244,29 @@ def replay_single(model, oracle: Oracle, rows: list[dict], la: Lookahead, new: i
     return out
 
 
+def batch_seconds(model, batch: int, rows: int) -> Callable[[int, int, int], float]:
+    """Seconds of a step of B sequences x k tokens after C cached columns, from the costs this
+    machine stored for the model over batch shapes (``decoding.model_batch_costs``): linear in C
+    between the measured cache lengths (held below the shortest), linear in B between the measured
+    sizes, the single curve at B = 1 (after its short context)."""
+    costs = decoding.model_batch_costs(model, check_model(model), batch, rows)
+
+    def at(curves, k: int, context: int) -> float:
+        (c0, near), (c1, far) = curves[0], curves[-1]
+        share = 0.0 if c1 == c0 or context <= c0 else (context - c0) / (c1 - c0)
+        return near(k) + max(0.0, far(k) - near(k)) * share
+
+    def seconds(size: int, k: int, context: int) -> float:
+        known = [(1, None), *costs.by_batch]
+        for (b0, low), (b1, high) in zip(known, known[1:], strict=False):
+            if size <= b1:
+                s0 = costs.single(k) if low is None else at(low, k, context)
+                return s0 + (at(high, k, context) - s0) * (max(size, b0) - b0) / (b1 - b0)
+        return at(known[-1][1], k, context)
+
+    return seconds
+
+
 def replay_batches(model, oracle: Oracle, rows: list[dict], la: Lookahead, new: int, batch: int) -> list[dict]:
     out = []
     for start in range(0, len(rows) - batch + 1, batch):
@@ -242,6 +283,8 @@ def replay_batches(model, oracle: Oracle, rows: list[dict], la: Lookahead, new: 
             output = row["output"][:new]
             assert got[b, longest : longest + len(output)].tolist() == output, f"{row['prompt']}: left the text"
         plain = max(len(r["output"][:new]) for r in group) - 1  # a batch steps until its longest stops
+        if oracle.seconds is not None:  # each plain step over the whole batch, after its growing cache
+            plain = sum(oracle.seconds(batch, 1, longest + 1 + s) for s in range(plain))
         out.append({"prompts": [r["prompt"] for r in group], "speedup": plain / oracle.cost})
     return out
 
@@ -262,6 +305,18 @@ def main() -> None:
     )
     parser.add_argument("--policies", nargs="+", default=["auto"])
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument(
+        "--batch-costs",
+        action="store_true",
+        help="with --batch: choose and price steps in seconds by this machine's stored batch costs",
+    )
+    parser.add_argument(
+        "--laggard-power",
+        type=float,
+        nargs="+",
+        default=[engine.Engine.laggard_power],
+        help="with --batch: replay with each (0: every sequence's tokens count alike; see Engine._weights)",
+    )
     parser.add_argument("--per-prompt", action="store_true")
     parser.add_argument("--losses", action="store_true", help="where each replay lost against the bound")
     parser.add_argument(
@@ -277,6 +332,10 @@ def main() -> None:
     rows = greedy_texts(texts, model, tokenizer, args.datasets, args.n, args.max_new_tokens)
     oracle = Oracle(model.config.get_text_config().vocab_size)
     oracle.install()
+    if args.batch_costs:
+        oracle.seconds = batch_seconds(model, args.batch, 8)
+    if args.batch_costs and args.batch == 1:
+        parser.error("--batch-costs prices batches: give --batch B, B > 1")
     if (args.losses or args.first_token_oracle) and args.batch > 1:
         parser.error("--losses and --first-token-oracle replay lone sequences: leave --batch at 1")
     log = StepLog(args.first_token_oracle) if args.losses or args.first_token_oracle else None
@@ -294,12 +353,23 @@ def main() -> None:
                 options, drafter = policy_options(policy)
                 decoding.TreeDrafter = functools.partial(TreeDrafter, **drafter)
                 # one instance per policy and dataset, reused prompt after prompt, as a workload would
-                la = Lookahead(**options, cost_curve=oracle.curve, record_candidates=True)
+                # (--batch-costs: the stored batch costs, as Lookahead() itself reads them)
+                curve = None if args.batch_costs else oracle.curve
                 if args.batch > 1:
-                    runs = replay_batches(model, oracle, mine, la, args.max_new_tokens, args.batch)
-                    speed = statistics.median(r["speedup"] for r in runs)
-                    print(f"| {curve_name} | {name} | {policy} (batch {args.batch}) | {speed:.3f}x | - | - | - | - |")
+                    default = engine.Engine.laggard_power
+                    for power in args.laggard_power:
+                        engine.Engine.laggard_power = power
+                        la = Lookahead(**options, cost_curve=curve, record_candidates=True)
+                        runs = replay_batches(model, oracle, mine, la, args.max_new_tokens, args.batch)
+                        speed = statistics.median(r["speedup"] for r in runs)
+                        every = ", ".join(f"{r['speedup']:.3f}" for r in runs)
+                        print(f"| {curve_name} | {name} | {policy} (batch {args.batch}, laggard power {power:g}) | "
+                              f"{speed:.3f}x | - | - | - | - | - | - | batches: {every} |", flush=True)  # fmt: skip
+                        results.append({"curve": curve_name, "dataset": name, "policy": policy, "batch": args.batch,
+                                        "laggard_power": power, "runs": runs})  # fmt: skip
+                    engine.Engine.laggard_power = default
                 else:
+                    la = Lookahead(**options, cost_curve=curve, record_candidates=True)
                     if log is not None:
                         log.steps = []
                     runs = replay_single(model, oracle, mine, la, args.max_new_tokens, log)
@@ -324,8 +394,7 @@ def main() -> None:
                             share = r["speedup"] / r["bound7"]
                             print(f"|  |  | {r['prompt']} | {r['speedup']:.3f}x | {r['bound7']:.3f}x | {share:.0%} | "
                                   f"{r['bound3']:.3f}x | {r['tokens_per_step']:.2f} |")  # fmt: skip
-                results.append({"curve": curve_name, "dataset": name, "policy": policy, "batch": args.batch,
-                                "runs": runs})  # fmt: skip
+                    results.append({"curve": curve_name, "dataset": name, "policy": policy, "batch": 1, "runs": runs})
     decoding.TreeDrafter = TreeDrafter
     if lost:
         print("\n| curve | dataset | policy | lost, all | failed drafts | (of them, no source matched) | missed | "

@@ -501,3 +501,59 @@ def test_batch_costs_are_timed_on_batched_steps_under_a_mask(arch, tmp_path, mon
         assert {dim for _, dim in steps} == {4}
     stored = tuning._read_disk().keys()
     assert {f"{tuning.curve_key(model)}|batch-{b}|context-{c}" for b in (2, 4) for c in contexts} <= stored
+
+
+def test_weights_decide_whose_tokens_a_batch_step_is_for():
+    """The same observations (rows after a 3-token repeated suffix accept all 3 candidate tokens,
+    rows after a new token none) and the same batch of two, one of each: a wide step at 2x a
+    plain one pays for the mean of the two rows; weighted towards the row that gains nothing it
+    does not, weighted towards the row that gains it does."""
+    curve = CostCurve(((1, 1.0), (2, 1.0), (8, 2.0)))  # 2 rows x 4 tokens: 2x 2 rows x 1
+    chooser = WidthChooser(curve, max_candidates=1, ngram_size=4, batch=2)
+    for _ in range(20):
+        chooser.record((1, 4), 3, [3], match=3)
+        chooser.record((1, 4), 3, [0], match=0)
+    rows = [3, 0]
+    assert chooser.choose(rows, at_hand=[1, 1]) == (1, 4)
+    assert chooser.choose(rows, at_hand=[1, 1], weights=[1.0, 1.0]) == (1, 4)  # alike: the same
+    assert chooser.choose(rows, at_hand=[1, 1], weights=[0.1, 1.0]) == PLAIN
+    assert chooser.choose(rows, at_hand=[1, 1], weights=[1.0, 0.1]) == (1, 4)
+    unweighted = (chooser.expected_tokens(1, 4, 3) + chooser.expected_tokens(1, 4, 0)) / 2
+    chooser.choose(rows, at_hand=[1, 1])
+    assert chooser.rate(1, 4, rows) == pytest.approx(unweighted / 2.0)
+
+
+def test_generate_weighs_a_batch_by_the_tokens_each_sequence_has_left(monkeypatch):
+    """``generate`` waits for its whole batch, so each step of a batch weighs a sequence's tokens
+    by (tokens it may still emit / the most any may) ** 4: alike while the sequences are abreast,
+    the one furthest behind at 1 once they part. Outputs are unchanged."""
+    from lookahead import engine
+
+    seen = []
+    choose = WidthChooser.choose
+
+    def spy(self, matches=(None,), sizes=None, at_hand=None, weights=None):
+        if len(matches) > 1:  # the last sequence alone has nobody to be weighed against
+            seen.append(weights)
+        return choose(self, matches, sizes, at_hand, weights)
+
+    monkeypatch.setattr(WidthChooser, "choose", spy)
+    lefts = []
+    weights_of = engine.Engine._weights
+
+    def spy_weights(self, active, limits):
+        lefts.append([limit - seq.length for seq, limit in zip(active, limits, strict=True)])
+        return weights_of(self, active, limits)
+
+    monkeypatch.setattr(engine.Engine, "_weights", spy_weights)
+    model = tiny_model("llama")
+    varied = torch.randint(3, 60, (1, 24), generator=torch.Generator().manual_seed(5))
+    prompts = torch.cat([repetitive_prompt(24, 1), varied])
+    expected = model.generate(prompts, max_new_tokens=40, do_sample=False)
+    got = model.generate(prompts, max_new_tokens=40, do_sample=False, custom_generate=Lookahead())
+    assert got.tolist() == expected.tolist()
+    assert seen and len(seen) == len(lefts)
+    assert seen[0] == [1.0, 1.0]  # both start 40 tokens from their end
+    for weights, left in zip(seen, lefts, strict=True):
+        assert weights == pytest.approx([(n / max(left)) ** 4 for n in left])
+    assert any(len(set(left)) > 1 for left in lefts)  # the sequences parted: weights told them apart

@@ -193,7 +193,16 @@ class Lookahead:
                 drafter.carry_from(self._drafters[key])
             self._drafters = {key: drafter}  # one kept: the model and settings of the latest call
         engine = Engine(
-            model, cfg, spec, chooser, emitter, stats, model_kwargs, keep_cache=want and batch == 1, drafter=drafter
+            model,
+            cfg,
+            spec,
+            chooser,
+            emitter,
+            stats,
+            model_kwargs,
+            keep_cache=want and batch == 1,
+            drafter=drafter,
+            whole_batch=True,
         )
 
         # the prefill gives each sequence its first token, then one engine step per forward pass

@@ -54,7 +54,9 @@ class Engine:
     transformers does without an EOS criterion, it runs on until every sequence has stopped);
     ``stats`` accumulates over the engine's life; ``on_finish(seq)`` is called for every sequence
     that leaves the batch; ``keep_cache``: the runner's cache is handed back to the caller, so
-    sliding-window layers keep every column (otherwise they drop what no window reaches).
+    sliding-window layers keep every column (otherwise they drop what no window reaches);
+    ``whole_batch``: the caller waits until every sequence has finished (``generate``), so a
+    batch's steps favour the sequences furthest from their end (:meth:`_weights`).
     """
 
     def __init__(
@@ -69,6 +71,7 @@ class Engine:
         on_finish: Callable[[SeqState], None] | None = None,
         keep_cache: bool = False,
         drafter: TreeDrafter | None = None,
+        whole_batch: bool = False,
     ) -> None:
         self.model, self.cfg, self.spec = model, cfg, spec
         self.chooser, self.emitter, self.stats = chooser, emitter, stats
@@ -84,6 +87,8 @@ class Engine:
         self.active: list[SeqState] = []  # in the runner's batch order
         self.lazy_choices: bool | None = None  # see lookahead.choices (None: lazy on a CPU only)
         self.admitted: list[SeqState] = []  # every sequence, when stopped ones run on (see _limit)
+        # the caller waits for the whole batch (generate): see _weights
+        self.whole_batch = whole_batch
 
     # -- admission -------------------------------------------------------------------------------
 
@@ -221,7 +226,24 @@ class Engine:
             sizes = step_sizes(active[0], cfg, self.spec, limits[0], chooser.options(), found[0])
         elif chooser.enabled and len(active) > 1:  # sequences of a batch with nothing to verify gain nothing
             have = [at_hand(s, cfg, self.spec, lim, f) for s, lim, f in zip(active, limits, found, strict=True)]
-        return chooser.choose(matches, sizes, have), matches, found
+        weights = self._weights(active, limits) if self.whole_batch and len(active) > 1 else None
+        return chooser.choose(matches, sizes, have, weights), matches, found
+
+    laggard_power = 4.0  # see _weights
+
+    def _weights(self, active: list[SeqState], limits: list[int]) -> list[float]:
+        """What a token of each sequence is worth to a caller who waits for the whole batch:
+        (tokens it may still emit / the most any may) ** ``laggard_power``. The call lasts as long
+        as its slowest sequence; a step that speeds the sequences already ahead only lets them
+        idle sooner (on a CPU a smaller batch's step costs nearly as much), so a wide step must
+        pay for itself in the tokens of those behind. Plain tokens per second would run wide
+        steps that chat's few repeating sequences gain from, while the rest, unhelped, set the
+        end: at a batch of 8, 0.94x greedy in the replay (``benchmarks/draft_replay.py --batch 8
+        --batch-costs``), 0.97x so weighted. With a power of 4 a sequence with 16% fewer tokens
+        left than the last counts half; sequences abreast count alike, as in tokens per second."""
+        left = [max(0, limit - seq.length) for seq, limit in zip(active, limits, strict=True)]
+        most = max(left) or 1
+        return [(n / most) ** self.laggard_power for n in left]
 
     def _verify(self, seq: SeqState, scorer: Scorer, layout: StepLayout) -> Verdict:
         if seq.seed is not None:  # a draw per position, from noise keyed by (seed, position)

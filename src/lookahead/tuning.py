@@ -358,6 +358,7 @@ class WidthChooser:
     _matches: list = field(default_factory=lambda: [None])
     _sizes: dict | None = None  # this step's input tokens per option, when the caller knows them
     _at_hand: list | None = None  # in a batch: candidates each sequence has at hand this step, when known
+    _weights: list | None = None  # in a batch: what a token of each sequence is worth this step (None: alike)
     # what a batch's steps cost, measured over batch shapes (None: read off the single curve)
     batch_costs: BatchCosts | None = None
     context: int = 0  # columns per sequence in the cache this step (what batch_costs are priced at)
@@ -463,34 +464,43 @@ class WidthChooser:
         # weighted; a sequence with no candidate at hand emits one token, whatever the others verify
         counts = memo.get(("counts", have))
         if counts is None:
-            if self._at_hand is not None and len(self._at_hand) == len(matches):
-                counts = Counter((min(have, h), m) for h, m in zip(self._at_hand, matches, strict=True))
-            else:
-                counts = Counter((have, m) for m in matches)
+            hands = self._at_hand if self._at_hand is not None and len(self._at_hand) == len(matches) else None
+            weights = self._weights if self._weights is not None and len(self._weights) == len(matches) else None
+            counts = Counter()
+            for b, m in enumerate(matches):
+                counts[min(have, hands[b]) if hands else have, m] += weights[b] if weights else 1.0
             memo["counts", have] = counts
-        expected = 0.0
-        for (h, m), count in counts.items():
+        expected = total = 0.0
+        for (h, m), weight in counts.items():
             mean = memo.get(("expected", h, n, m))
             if mean is None:
                 mean = memo["expected", h, n, m] = self.expected_tokens(h, n, m)
-            expected += mean * count
-        return expected / len(matches) / ratio
+            expected += mean * weight
+            total += weight
+        return expected / total / ratio
 
     def best(self, matches: Sequence[int | None] = (None,)) -> tuple[int, int]:
         memo: dict = {}
         return max([PLAIN, *self.options()], key=lambda choice: self._rate(*choice, matches, memo))
 
     def choose(
-        self, matches: Sequence[int | None] = (None,), sizes: dict | None = None, at_hand: Sequence[int] | None = None
+        self,
+        matches: Sequence[int | None] = (None,),
+        sizes: dict | None = None,
+        at_hand: Sequence[int] | None = None,
+        weights: Sequence[float] | None = None,
     ) -> tuple[int, int]:
         """The setting for the next step; ``matches[b]``: row b's longest earlier-seen suffix;
         ``sizes``: each option's input tokens per row this step, when known (see :meth:`size`);
         ``at_hand[b]``: in a batch, how many candidates sequence b has at hand (sequences with none
-        emit one token: counting them as verifying would overrate wide steps)."""
+        emit one token: counting them as verifying would overrate wide steps); ``weights[b]``:
+        what a token of sequence b is worth this step (default: alike, tokens per second; see
+        ``lookahead.engine.Engine._weights``), so the rate is the weighted mean over the rows."""
         self._since_probe += 1
         self._matches = list(matches)
         self._sizes = sizes
         self._at_hand = list(at_hand) if at_hand is not None else None
+        self._weights = list(weights) if weights is not None and sum(weights) > 0 else None
         # a probe is judged, and backed off, per match length: a repeated suffix where probes
         # lost before is no reason not to try after a longer one (a batch mixes them: one state)
         self._bucket = matches[0] if len(matches) == 1 else None
