@@ -304,6 +304,11 @@ def main() -> None:
         help="named in policy_share.CURVES, or stored / stored-DTYPE (this machine's)",
     )
     parser.add_argument("--policies", nargs="+", default=["auto"])
+    parser.add_argument(
+        "--price-curve",
+        help="the curve the policy prices its steps with (default: each of --curves, which price the replay "
+        "and the bound): what a curve that misjudges the machine costs",
+    )
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument(
         "--batch-costs",
@@ -347,6 +352,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for curve_name in args.curves:
         oracle.curve = policy_share.load_curve(curve_name, args.model)
+        price = policy_share.load_curve(args.price_curve, args.model) if args.price_curve else None
         for name in args.datasets:
             mine = [r for r in rows if r["dataset"] == name][: args.n]
             for policy in args.policies:
@@ -354,7 +360,7 @@ def main() -> None:
                 decoding.TreeDrafter = functools.partial(TreeDrafter, **drafter)
                 # one instance per policy and dataset, reused prompt after prompt, as a workload would
                 # (--batch-costs: the stored batch costs, as Lookahead() itself reads them)
-                curve = None if args.batch_costs else oracle.curve
+                curve = None if args.batch_costs else price or oracle.curve
                 if args.batch > 1:
                     default = engine.Engine.laggard_power
                     for power in args.laggard_power:

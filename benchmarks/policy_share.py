@@ -31,6 +31,7 @@ import functools
 import json
 import statistics
 import sys
+from pathlib import Path
 
 import torch
 import transformers
@@ -70,7 +71,10 @@ POLICIES = {  # name -> Lookahead keyword arguments
 
 def load_curve(name: str, model_name: str) -> tuning.CostCurve:
     """A named curve (``CURVES``), or ``stored`` / ``stored-DTYPE``: the curve this machine
-    stored for the model in bf16 / in DTYPE (``stored-float16``, ``stored-float32``)."""
+    stored for the model in bf16 / in DTYPE (``stored-float16``, ``stored-float32``), or a JSON
+    file of [tokens, seconds] points."""
+    if name.endswith(".json"):
+        return tuning.CostCurve.from_points(json.loads(Path(name).read_text()))
     if name == "stored" or name.startswith("stored-"):
         try:
             dtype = str(models.parse_dtype(name.partition("-")[2] or "bfloat16")).replace("torch.", "")

@@ -70,6 +70,18 @@ def test_measure_never_decreases(monkeypatch):
     assert curve.points == ((1, 8.0), (2, 8.0), (4, 8.0))  # clamped to the floor
 
 
+def test_the_curve_prices_every_draft_length_by_its_own_timing(monkeypatch):
+    """A kernel that changes shape between 3 and 4 tokens (fp32 on a 2-core CPU: 1.12x, then
+    1.54x) is priced as timed at every count a lone sequence's draft can take (t and up to 7
+    drafted tokens), not read off a line between the counts around it (1.29x at 3)."""
+    cost = {k: 1.0 + 0.04 * (k - 1) if k <= 3 else 1.5 + 0.05 * (k - 4) for k in range(1, 129)}
+    clock = FakeClock(cost)
+    monkeypatch.setattr(tuning.time, "perf_counter", clock)
+    curve = measure(clock.step)  # the calibration's own counts
+    for k in range(1, 9):
+        assert curve.ratio(k) == pytest.approx(cost[k], rel=1e-9)
+
+
 def test_match_lengths_follow_the_model():
     # model: after t comes 5, after (5) comes 6, after (5, 6) comes 4; after (5, 9) comes 0
     predict = {(0, 0): 6, (0, 1): 4, (1, 0): 6, (1, 1): 0, (2, 0): 1}

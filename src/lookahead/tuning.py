@@ -11,7 +11,7 @@ candidates that the model agrees with, capped at n-1. So the expected speed of t
     rate(g, n) = E[1 + min(n - 1, max_{i <= g} a_i)] * T_B(1, C) / T_B(k(g, n), C)
 
 and plain decoding has rate 1. T comes from :func:`cost_curve`, measured once per model, device,
-dtype and thread count (a few forward passes over 1 to 128 tokens, kept in
+dtype and thread count (a few forward passes over 1 to 128 tokens, ``GRID``, kept in
 ``$LOOKAHEAD_CACHE/cost-curves.json`` so that every process decides alike; or given by the user);
 T_B from :func:`batch_curve`, measured as T is at a few batch sizes and cache lengths
 (:class:`BatchCosts`), or, where the user gave T, read off it as T(B * k) / T(B).
@@ -61,7 +61,10 @@ from .runner import leave_cudnn_out
 
 logger = logging.getLogger(__name__)
 
-GRID = (1, 2, 4, 8, 16, 32, 64, 128)  # token counts at which T is measured
+# token counts at which T is measured: every count up to 8, where a lone sequence's drafts of up to
+# 7 tokens run and where a CPU's kernels change their shape (fp32 on this 2-core CPU: T(3)/T(1) =
+# 1.12, T(4)/T(1) = 1.54, so 3 read between 2 and 4 was priced at 1.29), then sparser
+GRID = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 64, 128)
 
 
 @dataclass(frozen=True)
@@ -167,8 +170,9 @@ def cost_curve(model, make_step: Callable[[], Callable[[int], None]]) -> CostCur
 
 # how the curve was timed: bumped when a change to the calibration makes stored curves wrong, so
 # that they are measured again (2: without autograd; curves of `lookahead bench` and `lookahead
-# serve` on a fresh cache had been timed with it)
-CALIBRATION = "calibration-2"
+# serve` on a fresh cache had been timed with it; 3: GRID counts every token count up to 8, where
+# version 2 read 3, 5, 6 and 7 off straight lines between its points)
+CALIBRATION = "calibration-3"
 
 
 def curve_key(model) -> str:
