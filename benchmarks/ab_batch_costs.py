@@ -18,15 +18,7 @@ from lookahead.decoding import model_cost_curve
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--n", type=int, default=16)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--datasets", nargs="+", default=["humaneval", "mtbench"])
-    parser.add_argument("--batch-size", type=int, nargs="+", default=[4, 8])
-    parser.add_argument("--out", help="write the summaries as JSON here")
-    args = parser.parse_args()
+    args = batch_parser(__doc__).parse_args()
     transformers.utils.logging.set_verbosity_error()
     model, tokenizer = models.load(args.model, dtype=args.dtype)
     measured, single = Lookahead(), Lookahead(cost_curve=model_cost_curve(model))
@@ -35,9 +27,28 @@ def main() -> None:
         bench.Method("batch costs", lambda: {"custom_generate": measured}, measured),
         bench.Method("single curve", lambda: {"custom_generate": single}, single),
     ]
+    compare_batches(model, tokenizer, methods, args)
+
+
+def batch_parser(doc: str) -> argparse.ArgumentParser:
+    """The options of a batched A/B: prompts, tokens, model, dtype, datasets, batch sizes, output."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--datasets", nargs="+", default=["humaneval", "mtbench"])
+    parser.add_argument("--batch-size", type=int, nargs="+", default=[4, 8])
+    parser.add_argument("--out", help="write the summaries as JSON here")
+    return parser
+
+
+def compare_batches(model, tokenizer, methods: list, args) -> None:
+    """Run ``methods`` (greedy first) on batches of each of ``args.batch_size`` over the prompts of
+    ``args.datasets``, alternating batch by batch, print a row per method, keep them in ``args.out``."""
     report = {}
-    print("| dataset | batch | method | speedup (median) | tokens/s | tokens per step | wide steps |")
-    print("|---|---|---|---|---|---|---|")
+    print("| dataset | batch | method | speedup (median) | tokens/s | tokens per step | wide steps | identical |")
+    print("|---|---|---|---|---|---|---|---|")
     for name in args.datasets:
         prompts = datasets.load(name, args.n)
         for size in args.batch_size:
@@ -48,7 +59,7 @@ def main() -> None:
                 wide = "" if row["wide_share"] is None else f"{row['wide_share']:.0%}"
                 print(
                     f"| {name} | {size} | {row['method']} | {row['speedup']:.3f}x | {row['throughput']:.1f} | "
-                    f"{row['tokens_per_step']:.2f} | {wide} |",
+                    f"{row['tokens_per_step']:.2f} | {wide} | {row['identical']:.0%} |",
                     flush=True,
                 )
     if args.out:

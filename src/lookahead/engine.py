@@ -229,7 +229,7 @@ class Engine:
         weights = self._weights(active, limits) if self.whole_batch and len(active) > 1 else None
         return chooser.choose(matches, sizes, have, weights), matches, found
 
-    laggard_power = 4.0  # see _weights
+    laggard_power = 4.0  # see _weights (a class attribute: benchmarks/ab_laggards.py varies it)
 
     def _weights(self, active: list[SeqState], limits: list[int]) -> list[float]:
         """What a token of each sequence is worth to a caller who waits for the whole batch:

@@ -25,7 +25,8 @@ usually right, after a new token rarely, so the same rule picks a wide step in t
 and a plain one in the second (prompt lookup decoding hard-codes a version of this). A match
 length's own mean is drawn towards the mean of all observations with the weight of ``prior``
 (2) observations, so a first success after a longer repeated suffix already counts. In a batch,
-the expectation is the mean over its rows.
+the expectation is the mean over its rows, weighted where the caller says what each row's tokens
+are worth (``generate`` waits for its last sequence: ``lookahead.engine.Engine._weights``).
 
 For a single sequence, k(g, n) is the size of the step it would really run: its candidates
 merged into a token tree (shared prefixes cost one row, see ``lookahead.layout``); an option with
