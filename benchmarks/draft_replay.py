@@ -246,25 +246,10 @@ def replay_single(model, oracle: Oracle, rows: list[dict], la: Lookahead, new: i
 
 def batch_seconds(model, batch: int, rows: int) -> Callable[[int, int, int], float]:
     """Seconds of a step of B sequences x k tokens after C cached columns, from the costs this
-    machine stored for the model over batch shapes (``decoding.model_batch_costs``): linear in C
-    between the measured cache lengths (held below the shortest), linear in B between the measured
-    sizes, the single curve at B = 1 (after its short context)."""
+    machine stored for the model over batch shapes (``decoding.model_batch_costs``, read as
+    ``tuning.BatchCosts.seconds`` reads them)."""
     costs = decoding.model_batch_costs(model, check_model(model), batch, rows)
-
-    def at(curves, k: int, context: int) -> float:
-        (c0, near), (c1, far) = curves[0], curves[-1]
-        share = 0.0 if c1 == c0 or context <= c0 else (context - c0) / (c1 - c0)
-        return near(k) + max(0.0, far(k) - near(k)) * share
-
-    def seconds(size: int, k: int, context: int) -> float:
-        known = [(1, None), *costs.by_batch]
-        for (b0, low), (b1, high) in zip(known, known[1:], strict=False):
-            if size <= b1:
-                s0 = costs.single(k) if low is None else at(low, k, context)
-                return s0 + (at(high, k, context) - s0) * (max(size, b0) - b0) / (b1 - b0)
-        return at(known[-1][1], k, context)
-
-    return seconds
+    return lambda size, k, context: costs.seconds(k, size, context)
 
 
 def replay_batches(model, oracle: Oracle, rows: list[dict], la: Lookahead, new: int, batch: int) -> list[dict]:
@@ -336,9 +321,12 @@ def main() -> None:
     texts = Path(args.texts or f"results/greedy-texts-{args.model}-{args.dtype}-{args.n}x{args.max_new_tokens}.json")
     rows = greedy_texts(texts, model, tokenizer, args.datasets, args.n, args.max_new_tokens)
     oracle = Oracle(model.config.get_text_config().vocab_size)
-    oracle.install()
-    if args.batch_costs:
+    if args.batch_costs:  # measured (once, then stored) by the real model, before the oracle stands in
+        for policy in args.policies:
+            warm = Lookahead(**policy_options(policy)[0])
+            model.generate(torch.ones(args.batch, 8, dtype=torch.long), max_new_tokens=2, custom_generate=warm)
         oracle.seconds = batch_seconds(model, args.batch, 8)
+    oracle.install()
     if args.batch_costs and args.batch == 1:
         parser.error("--batch-costs prices batches: give --batch B, B > 1")
     if (args.losses or args.first_token_oracle) and args.batch > 1:

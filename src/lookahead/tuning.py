@@ -270,14 +270,26 @@ class BatchCosts:
                 return r0 + (r1 - r0) * (max(batch, b0) - b0) / (b1 - b0)
         return self._ratio_at(known[-1][1], k, context)
 
+    def seconds(self, k: int, batch: int, context: int = 0) -> float:
+        """T_B(k, C) itself: linear in C as above, then linear in B between the measured sizes
+        (B = 1: the single curve), the largest's beyond them (what a replay bills a step)."""
+        known = [(1, None), *self.by_batch]
+        for (b0, low), (b1, high) in zip(known, known[1:], strict=False):
+            if batch <= b1:
+                s0 = self.single(k) if low is None else self._seconds_at(low, k, context)
+                return s0 + (self._seconds_at(high, k, context) - s0) * (max(batch, b0) - b0) / (b1 - b0)
+        return self._seconds_at(known[-1][1], k, context)
+
     @staticmethod
-    def _ratio_at(curves: tuple[tuple[int, CostCurve], ...], k: int, context: int) -> float:
+    def _seconds_at(curves: tuple[tuple[int, CostCurve], ...], k: int, context: int) -> float:
         (c0, near), (c1, far) = curves[0], curves[-1]
         if c1 == c0 or context <= c0:
-            return near.ratio(k)
-        share = (context - c0) / (c1 - c0)
-        at = lambda tokens: near(tokens) + max(0.0, far(tokens) - near(tokens)) * share  # noqa: E731
-        return max(1.0, at(k) / at(1))
+            return near(k)
+        return near(k) + max(0.0, far(k) - near(k)) * (context - c0) / (c1 - c0)
+
+    @classmethod
+    def _ratio_at(cls, curves: tuple[tuple[int, CostCurve], ...], k: int, context: int) -> float:
+        return max(1.0, cls._seconds_at(curves, k, context) / cls._seconds_at(curves, 1, context))
 
 
 def batch_curve(
