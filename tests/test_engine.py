@@ -5,7 +5,9 @@ Tiny random-weight models, fp32; the real server is tested in test_server.py.
 
 import asyncio
 import collections
+import gc
 import math
+import weakref
 
 import pytest
 import torch
@@ -118,16 +120,23 @@ def test_a_sequence_left_alone_drafts_with_the_window_it_kept_in_the_batch(arch)
 
 def test_a_lone_request_with_a_narrower_window_drafts_and_pays_for_its_own_width_only():
     """A request may cap W below the server's: alone, its drafted steps lay out and price its own
-    columns, not the server's (filler columns would cost rows and buy nothing)."""
+    columns, not the server's (filler columns would cost rows and buy nothing). Its own N caps its
+    drafted candidates at N - 1 tokens; settings it leaves out are the server's (drafts then run to
+    the draft length)."""
     model = tiny_model("llama")
-    service = Service(model, LookaheadConfig(4, 4, 4, adaptive=True), max_batch_size=2, max_queue=4)
+    cfg = LookaheadConfig(4, 4, 4, adaptive=True)
+    service = Service(model, cfg, max_batch_size=2, max_queue=4)
     try:
         drafter, runner = service.engine.drafter, service.engine.runner
-        riders, widths = [], []
+        riders, widths, caps_seen = [], [], []
         draft, step = drafter.draft, runner.step
-        drafter.draft = lambda sources, cap, leaves, rider: (riders.append(rider), draft(sources, cap, leaves, rider))[
-            1
-        ]
+
+        def draft_watched(sources, cap, leaves, rider):
+            riders.append(rider)
+            caps_seen.append(cap)
+            return draft(sources, cap, leaves, rider)
+
+        drafter.draft = draft_watched
         runner.step = lambda layout, ids: (widths.append(len(layout.last_level_slots)), step(layout, ids))[1]
         prompt = repetitive_prompt(24, 1)[0].tolist()
 
@@ -141,12 +150,42 @@ def test_a_lone_request_with_a_narrower_window_drafts_and_pays_for_its_own_width
             return tokens
 
         expected = model.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False)[0, len(prompt) :]
-        for caps, rows, width in (((2, 4, 4), build_layout(1, 2, 3).length - 1, 2), (None, 11, 4)):
+        narrow = build_layout(1, 2, 3).length - 1
+        cases = [((2, 4, 4), narrow, 2, 3), ((2, None, None), narrow, 2, cfg.draft_length), (None, 11, 4, 7)]
+        for caps, rows, width, longest in cases:
             riders.clear()
             widths.clear()
+            caps_seen.clear()
             assert asyncio.run(main(caps)) == expected.tolist(), caps
             assert riders and set(riders) == {rows}, caps  # the window, full from the start, priced at its width
             assert width in widths and max(widths) == width, caps  # and laid out at it
+            assert max(caps_seen) == longest, caps  # the request's own N - 1, else the draft length
+    finally:
+        service.shutdown(timeout=30)
+
+
+def test_a_service_keeps_nothing_of_a_finished_request():
+    """A server runs for days: once a request has finished, nothing of it (its sequence, its
+    stopping criteria) stays reachable from the service."""
+    model = tiny_model("llama")
+    service = Service(model, LookaheadConfig(0, 4, 4, adaptive=True), max_batch_size=2, max_queue=4)
+    try:
+        prompts = [repetitive_prompt(n, seed)[0].tolist() for seed, n in enumerate((24, 12, 18))]
+
+        async def main():
+            refs = []
+            for prompt in prompts:
+                request = Request(prompt_ids=prompt, max_tokens=NEW)
+                service.submit(request)
+                while not (await request.events.get()).finish_reason:
+                    pass
+                refs.append((weakref.ref(request.seq), weakref.ref(request.seq.criteria)))
+            return refs
+
+        refs = asyncio.run(main())
+        gc.collect()
+        # the engine's drafter remembers the last sequence it drafted for; none before it
+        assert all(ref() is None for pair in refs[:-1] for ref in pair), [(a(), b()) for a, b in refs]
     finally:
         service.shutdown(timeout=30)
 

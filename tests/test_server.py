@@ -175,6 +175,11 @@ def test_streamed_equals_non_streamed_chat(server_a):
     assert streamed == whole.choices[0].message.content
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
     assert whole.usage.prompt_tokens > 0 and whole.model_extra["lookahead"]["forward_passes"] >= 1
+    # the chunk with the finish reason says what the request ran with, usage asked for or not
+    bare = list(api.chat.completions.create(model="smollm2", messages=messages, max_tokens=32, temperature=0,
+                                            stream=True))  # fmt: skip
+    last = [c for c in bare if c.choices and c.choices[0].finish_reason][-1]
+    assert last.model_extra["lookahead"]["forward_passes"] >= 1 and last.model_extra["lookahead"]["ngram_size"] == 4
 
 
 def test_seeded_sampling_same_alone_and_in_a_busy_batch(server_a):
@@ -197,6 +202,10 @@ def test_seeded_sampling_same_alone_and_in_a_busy_batch(server_a):
 
     assert asyncio.run(busy()) == alone
     assert sample(8) != alone  # another seed, another draw (32 tokens at temperature 0.9)
+    # top_p = 0 (accepted, as OpenAI does) keeps the likeliest token alone: greedy's text, any seed
+    nucleus = api.completions.create(model="smollm2", prompt=prompt, seed=8, max_tokens=32, temperature=0.9, top_p=0)
+    greedy = api.completions.create(model="smollm2", prompt=prompt, max_tokens=32, temperature=0)
+    assert nucleus.choices[0].text == greedy.choices[0].text
 
 
 def test_errors_have_openai_shape(server_a, smollm2):
@@ -208,6 +217,7 @@ def test_errors_have_openai_shape(server_a, smollm2):
         return httpx.post(f"{url}{path}", json=body if raw is None else None, content=raw, headers=headers, timeout=60)
 
     ok = {"model": "smollm2", "prompt": "hi", "max_tokens": 2}
+    chat = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]}
     cases = [
         (post(None, raw=b"{not json", headers={**auth, "content-type": "application/json"}), 400, None),
         (post({**ok, "max_tokens": "many"}), 400, "max_tokens"),
@@ -216,6 +226,11 @@ def test_errors_have_openai_shape(server_a, smollm2):
         (post({**ok, "max_tokens": 9000}), 400, "max_tokens"),
         (post({**ok, "n": 2}), 400, "n"),
         (post({**ok, "logprobs": 3}), 400, "logprobs"),
+        (post({**ok, "logprobs": 0}), 400, "logprobs"),  # 0 still asks for the chosen tokens' logprobs
+        (post({**chat, "max_tokens": 3, "max_completion_tokens": 6}, path="/v1/chat/completions"), 400, "max_tokens"),
+        (post(ok, path="/v1/no-such-route"), 404, None),
+        (httpx.get(f"{url}/v1/completions", headers=auth), 405, None),
+        (httpx.get(f"{url}/v1/models/gpt-4", headers=auth), 404, "model"),
         (post({**ok, "frobnicate": 1}), 400, "frobnicate"),
         (
             post(
@@ -237,6 +252,7 @@ def test_errors_have_openai_shape(server_a, smollm2):
         assert error["param"] == param, error
     with pytest.raises(openai.AuthenticationError):
         client(server_a, key="wrong").models.list()
+    assert httpx.get(f"{url}/v1/models", headers={"Authorization": f"bearer {KEY}"}).status_code == 200
     with pytest.raises(openai.NotFoundError):
         client(server_a).completions.create(model="nope", prompt="hi", max_tokens=2)
     with pytest.raises(openai.BadRequestError, match="'n'"):
@@ -245,6 +261,7 @@ def test_errors_have_openai_shape(server_a, smollm2):
 
 def test_models_health_metrics(server_a):
     assert [m.id for m in client(server_a).models.list()] == ["smollm2"]
+    assert client(server_a).models.retrieve("smollm2").id == "smollm2"
     assert httpx.get(f"{server_a.url}/health").json()["status"] == "ok"
     text = httpx.get(f"{server_a.url}/metrics").text
     for name in ("requests_total", "active_sequences", "queue_depth", "generated_tokens_total",

@@ -1,9 +1,10 @@
 """The OpenAI request bodies the server accepts, checked field by field.
 
 What is not implemented is refused by name (400), never silently ignored: ``n`` > 1, ``logprobs``,
-``tools``, penalties, ``logit_bias``, ``echo``, ``suffix``, ``best_of``, ``response_format``...
+``tools``, penalties, ``logit_bias``, ``echo``, ``suffix``, ``best_of``, ``response_format``...,
+and so are ``max_tokens`` and ``max_completion_tokens`` together (as OpenAI refuses them).
 Extensions: ``top_k``, and ``lookahead: {window_size, ngram_size, max_candidates}`` (each capped
-by the server's own setting).
+by the server's own setting; one left out is the server's).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ _NEUTRAL = {
     "n": (None, 1),
     "best_of": (None, 1),
     "echo": (None, False),
-    "logprobs": (None, False, 0),
+    "logprobs": (None, False),  # chat's flag; see _NEUTRAL_COMPLETIONS for the completions' count
     "top_logprobs": (None, 0),
     "presence_penalty": (None, 0, 0.0),
     "frequency_penalty": (None, 0, 0.0),
@@ -30,6 +31,8 @@ _NEUTRAL = {
     "parallel_tool_calls": (None,),
     "response_format": (None, {"type": "text"}),
 }
+# on /v1/completions ``logprobs`` is a count, and 0 still asks for the chosen tokens' logprobs
+_NEUTRAL_COMPLETIONS = {**_NEUTRAL, "logprobs": (None,)}
 _COMMON = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
            "lookahead"}  # fmt: skip
 _FIELDS = {False: _COMMON | {"prompt"}, True: _COMMON | {"messages", "max_completion_tokens"}}
@@ -42,7 +45,8 @@ class ApiError(Exception):
     def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None, kind=None):
         super().__init__(message)
         self.status, self.message, self.code, self.param = status, message, code, param
-        kinds = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error", 503: "server_error"}
+        # OpenAI answers a wrong key and an unknown model as invalid requests (its codes tell them apart)
+        kinds = {429: "rate_limit_error", 500: "server_error", 503: "server_error"}
         self.kind = kind or kinds.get(status, "invalid_request_error")
 
     def body(self) -> dict:
@@ -60,7 +64,7 @@ class ParsedRequest:
     stop: list[str]
     stream: bool
     include_usage: bool
-    lookahead: tuple[int, int, int] | None
+    lookahead: tuple[int | None, int | None, int | None] | None  # a setting left out is None
 
 
 def _bad(param: str, message: str) -> ApiError:
@@ -90,11 +94,12 @@ def _number(body: dict, name: str, low: float, high: float, default: float) -> f
 
 
 def _refuse_unsupported(body: dict, chat: bool) -> None:
+    neutral = _NEUTRAL if chat else _NEUTRAL_COMPLETIONS
     for name, value in body.items():
         if name in _HARMLESS or name in _FIELDS[chat]:
             continue
-        if name in _NEUTRAL:
-            if value not in _NEUTRAL[name]:
+        if name in neutral:
+            if value not in neutral[name]:
                 raise ApiError(400, f"'{name}' is not supported by this server (got {value!r})", "unsupported", name)
             continue
         raise ApiError(400, f"unsupported parameter '{name}'", "unsupported_parameter", name)
@@ -143,7 +148,7 @@ def _prompt_ids(body: dict, chat: bool, tokenizer, vocab_size: int) -> tuple[lis
     return ids, "prompt"
 
 
-def _lookahead(body: dict) -> tuple[int, int, int] | None:
+def _lookahead(body: dict) -> tuple[int | None, int | None, int | None] | None:
     value = body.get("lookahead")
     if value is None:
         return None
@@ -152,12 +157,8 @@ def _lookahead(body: dict) -> tuple[int, int, int] | None:
     unknown = set(value) - {"window_size", "ngram_size", "max_candidates"}
     if unknown:
         raise _bad("lookahead", f"unknown lookahead setting(s) {sorted(unknown)}")
-    big = 1 << 30  # absent: the server's own setting (the cap)
-    return (
-        _int(value, "window_size", 0, big),
-        _int(value, "ngram_size", 2, big),
-        _int(value, "max_candidates", 0, big),
-    )
+    # one left out (None) is the server's own setting
+    return _int(value, "window_size", 0), _int(value, "ngram_size", 2), _int(value, "max_candidates", 0)
 
 
 def parse_request(
@@ -178,6 +179,9 @@ def parse_request(
     if room is not None and room < 1:
         raise ApiError(400, f"the prompt has {len(ids)} tokens but the model's context is {max_positions}: "
                        "shorten it", "context_length_exceeded", prompt_param)  # fmt: skip
+    if chat and body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
+        raise ApiError(400, "'max_tokens' and 'max_completion_tokens' were both given: send one of them "
+                       "('max_tokens' is the older name)", "invalid_parameter_combination", "max_tokens")  # fmt: skip
     name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     default = COMPLETIONS_DEFAULT_MAX_TOKENS if not chat else default_max_tokens
     if room is not None:
@@ -204,7 +208,7 @@ def parse_request(
         prompt_ids=ids,
         max_tokens=max_tokens,
         temperature=_number(body, "temperature", 0.0, 2.0, 1.0),
-        top_p=_number(body, "top_p", 1e-9, 1.0, 1.0),
+        top_p=_number(body, "top_p", 0.0, 1.0, 1.0),  # 0 keeps the likeliest token alone, as OpenAI's
         top_k=top_k or None,
         seed=_int(body, "seed"),
         stop=stop,

@@ -56,6 +56,7 @@ class SeqState:
     # when recording: the candidates at hand at each step, by the output position the step starts
     # at (what lookahead.bound's clairvoyant policy may pick from besides the text's own suffixes)
     trace: dict[int, list[tuple[int, ...]]] | None = None
+    stop_check: _StopCheck | None = field(default=None, repr=False)  # built from ``criteria`` (Emitter)
 
     @property
     def t(self) -> int:
@@ -283,11 +284,10 @@ class Emitter:
         self.stop_ends_seq = stop_ends_seq
         self.scores: tuple = ()
         self.logits: tuple = ()
-        self._checks: dict[int, _StopCheck] = {}  # id(criteria) -> its check
 
     def emit(self, seq: SeqState, tokens: Sequence[int], slots: Sequence[int], scorer: Scorer) -> int:
         """Append tokens one by one until the sequence ends; returns how many were appended."""
-        check = self._check(seq.criteria)
+        check = self._check(seq)
         for count, (token, slot) in enumerate(zip(tokens, slots, strict=True), start=1):
             if self.want_scores:
                 self.scores += (scorer.processed(slot)[None],)
@@ -306,13 +306,16 @@ class Emitter:
                     return count
         return len(tokens)
 
-    def _check(self, criteria) -> _StopCheck | None:
+    @staticmethod
+    def _check(seq: SeqState) -> _StopCheck | None:
+        """The sequence's stop check, built once per criteria list and kept on the sequence (so it
+        goes with it: a server's emitter outlives every request)."""
+        criteria = seq.criteria
         if criteria is None or len(criteria) == 0:
             return None
-        check = self._checks.get(id(criteria))
-        if check is None or check.criteria is not criteria:
-            check = self._checks[id(criteria)] = _StopCheck(criteria)
-        return check
+        if seq.stop_check is None or seq.stop_check.criteria is not criteria:
+            seq.stop_check = _StopCheck(criteria)
+        return seq.stop_check
 
 
 class _StopCheck:

@@ -1,16 +1,19 @@
 """An OpenAI-compatible HTTP server over :class:`lookahead.service.Service` (``lookahead serve``).
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (both with ``stream``),
-``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus). Responses are the ``openai``
-package's own types; ``usage`` is in every response, and the extension field ``lookahead`` says
-how many forward passes the request took part in, its tokens per forward pass and the W/N/G it
-ran with. Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``.
+``GET /v1/models`` (and ``/v1/models/{model}``), ``GET /health``, ``GET /metrics``
+(Prometheus). Responses are the ``openai`` package's own types; ``usage`` is in every response,
+and the extension field ``lookahead`` says how many forward passes the request took part in, its
+tokens per forward pass and the W/N/G it ran with (in a stream: on the chunk that carries the
+finish reason, and on the usage chunk). Errors use OpenAI's shape, ``{"error": {"message",
+"type", "param", "code"}}``, unknown routes included.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import time
 import uuid
@@ -23,6 +26,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletio
 from openai.types.chat.chat_completion import Choice as ChatChoice
 from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice
 from openai.types.chat.chat_completion_chunk import ChoiceDelta
+from starlette.exceptions import HTTPException
 
 from .api import ApiError, parse_request
 from .metrics import Metrics
@@ -59,10 +63,19 @@ def create_app(service: Service, tokenizer, settings: ServerSettings, metrics: M
         headers = {"Retry-After": "1"} if err.status == 429 else None
         return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
+    @app.exception_handler(HTTPException)
+    async def http_error(request, err: HTTPException):  # an unknown route, a wrong method: OpenAI's shape too
+        codes = {404: "not_found", 405: "method_not_allowed"}
+        where = f"{request.method} {request.url.path}"
+        error = ApiError(err.status_code, f"{where}: {err.detail}", codes.get(err.status_code))
+        return await api_error(request, error)
+
     def authorize(request: Request) -> None:
         if settings.api_key is None:
             return
-        if request.headers.get("authorization", "") != f"Bearer {settings.api_key}":
+        scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        # the scheme is case-insensitive (RFC 9110); the key is compared in constant time
+        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), settings.api_key.encode()):
             raise ApiError(401, "invalid or missing API key: send 'Authorization: Bearer KEY'", "invalid_api_key")
 
     @app.get("/health")
@@ -75,11 +88,20 @@ def create_app(service: Service, tokenizer, settings: ServerSettings, metrics: M
         metrics.queued.set(service.queue_depth)
         return PlainTextResponse(metrics.render(), media_type=metrics.content_type)
 
+    served = Model(id=settings.model_name, created=0, object="model", owned_by="lookahead")
+
     @app.get("/v1/models")
     async def list_models(request: Request):
         authorize(request)
-        model = Model(id=settings.model_name, created=0, object="model", owned_by="lookahead")
-        return {"object": "list", "data": [model.model_dump()]}
+        return {"object": "list", "data": [served.model_dump()]}
+
+    @app.get("/v1/models/{model:path}")
+    async def retrieve_model(model: str, request: Request):
+        authorize(request)
+        if model != settings.model_name:
+            raise ApiError(404, f"the model '{model}' does not exist: this server serves '{settings.model_name}'",
+                           "model_not_found", "model")  # fmt: skip
+        return served.model_dump()
 
     async def generate(request: Request, chat: bool):
         authorize(request)
@@ -186,8 +208,9 @@ async def _collect(service: Service, gen: GenRequest, decoder: TextDecoder, http
 
 
 async def _stream(service, gen, decoder, http, chat, rid, created, model_name, include_usage):
-    """Server-sent events: one chunk per step that produced text, the finish reason, then
-    (with ``stream_options.include_usage``) a usage chunk, then ``data: [DONE]``."""
+    """Server-sent events: one chunk per step that produced text, the finish reason (with the
+    ``lookahead`` field), then (with ``stream_options.include_usage``) a usage chunk, then
+    ``data: [DONE]``."""
 
     def chunk(text: str | None, reason: str | None, first: bool = False, usage=None) -> str:
         if chat:
@@ -206,7 +229,7 @@ async def _stream(service, gen, decoder, http, chat, rid, created, model_name, i
                 id=rid, object="text_completion", created=created, model=model_name,
                 choices=choices, usage=usage,
             )  # fmt: skip
-        if usage:
+        if usage or reason:
             out = out.model_copy(update={"lookahead": _lookahead_info(service, gen)})
         body = out.model_dump(exclude_none=True)
         for choice in body["choices"]:

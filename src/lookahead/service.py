@@ -82,7 +82,7 @@ class Request:
     top_p: float = 1.0
     top_k: int | None = None
     seed: int | None = None
-    lookahead: tuple[int, int, int] | None = None  # (W, N, G) caps, each at most the server's
+    lookahead: tuple[int | None, int | None, int | None] | None = None  # (W, N, G) caps; None: the server's
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     loop: asyncio.AbstractEventLoop | None = None
     seq: SeqState | None = None
@@ -92,8 +92,9 @@ class Request:
 
     def settings(self, cfg: LookaheadConfig) -> tuple[int, int, int]:
         """The (W, N, G) this request runs with: its own caps within the server's."""
-        w, n, g = self.lookahead or (cfg.window_size, cfg.ngram_size, cfg.max_candidates)
-        return min(w, cfg.window_size), min(n, cfg.ngram_size), min(g, cfg.max_candidates)
+        own = self.lookahead or (None, None, None)
+        server = (cfg.window_size, cfg.ngram_size, cfg.max_candidates)
+        return tuple(cap if value is None else min(value, cap) for value, cap in zip(own, server, strict=True))
 
 
 class Service:
@@ -245,7 +246,8 @@ class Service:
         max_length = len(request.prompt_ids) + request.max_tokens
         seq = new_sequence(cfg, 0, ids, request.prompt_ids, max_length, full_window=True, shared=self.shared_pool)
         # a request's own N caps its drafts too; without one, drafts run to the server's draft length
-        seq.max_candidates, seq.ngram_size = g, (n if request.lookahead else None)
+        own_n = request.lookahead[1] if request.lookahead else None
+        seq.max_candidates, seq.ngram_size = g, (None if own_n is None else n)
         seq.criteria = StoppingCriteriaList([EosTokenCriteria(self.eos)]) if self.eos else None
         if request.temperature > 0:
             warpers = [TemperatureLogitsWarper(request.temperature)]
