@@ -167,3 +167,19 @@ def test_mask_from_the_layouts_cached_floats_equals_the_mask_from_bools(dtype, s
     full = from_floats["full_attention"] if isinstance(from_floats, dict) else from_floats
     assert torch.equal(full[:, 0, :, :7] == 0, (key_pos >= 0)[:, None, :].expand(2, layout.length, 7))
     assert layout.on_device(torch.device("cpu"), dtype)[1] is step_floats  # made once
+
+
+def test_a_layout_first_built_under_inference_mode_serves_later_calls_with_autograd_on():
+    """Layouts are cached across calls. A server's engine thread steps under
+    ``torch.inference_mode``; a layout it builds first must still work in a later call that runs
+    with autograd on (an inference tensor there raises "Inference tensors cannot be saved for
+    backward")."""
+    weight = torch.ones(3, requires_grad=True)
+    with torch.inference_mode():
+        layout = build_layout(2, 3, 2, 2, 5)  # arguments no other test uses: built here first
+        derived = layout.on_device(torch.device("cpu"), torch.float32)
+    for tensor in (layout.positions, layout.mask, layout.logit_slots, *derived):
+        assert not tensor.is_inference()
+    picked = weight[layout.logit_slots % 3]  # an index that autograd records
+    picked.sum().backward()
+    assert weight.grad is not None

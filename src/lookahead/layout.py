@@ -78,11 +78,12 @@ class StepLayout:
         there and kept with it, so that later steps copy nothing to the device for them."""
         key = (device, dtype)
         if key not in self._derived:
-            step_mask = additive_mask(self.mask, dtype)
-            # non-blocking: the driver stages pageable memory before returning, and the host never waits
-            self._derived[key] = tuple(
-                t.to(device, non_blocking=True) for t in (self.positions, step_mask, self.logit_slots)
-            )
+            with torch.inference_mode(False):  # kept across calls: see build_layout
+                step_mask = additive_mask(self.mask, dtype)
+                # non-blocking: the driver stages pageable memory before returning, and the host never waits
+                self._derived[key] = tuple(
+                    t.to(device, non_blocking=True) for t in (self.positions, step_mask, self.logit_slots)
+                )
         return self._derived[key]
 
 
@@ -127,8 +128,16 @@ def build_layout(
     of ``candidate_len`` tokens on slots of their own, or the token tree ``shape`` (which then
     replaces both; see :func:`tree_shape`).
 
-    Pure and cached: the same arguments return the same (read-only) tensors.
+    Pure and cached: the same arguments return the same (read-only) tensors. They are made as
+    normal tensors even under ``torch.inference_mode`` (a server's engine thread): a layout first
+    built there is reused by later calls, and an inference tensor cannot enter a computation that
+    autograd records.
     """
+    with torch.inference_mode(False):
+        return _build_layout(n_prefix, window, n_levels, n_candidates, candidate_len, shape)
+
+
+def _build_layout(n_prefix, window, n_levels, n_candidates, candidate_len, shape) -> StepLayout:
     if n_prefix < 1:
         raise ValueError("a step needs at least one prefix token (t)")
     if window == 0:
