@@ -176,6 +176,13 @@ class Lookahead:
             stop_ends_seq=has_eos or batch == 1,
         )
         prompts = prompt_rows(input_ids, model_kwargs.get("attention_mask"), spec)
+        if batch > 1 and spec.rope_threshold is not None and generation_config.max_length > spec.rope_threshold:
+            raise ValueError(
+                f"this model's rotary embedding changes once a forward pass reaches position {spec.rope_threshold} "
+                "(longrope or dynamic RoPE), and under lookahead decoding the sequences of a batch reach it at "
+                "different steps, so the output would differ from plain generate: generate these sequences one "
+                f"at a time, or keep max_length at most {spec.rope_threshold}"
+            )
         stats.prompt_tokens = sum(len(p) for p in prompts)
         seqs = [
             new_sequence(cfg, b, input_ids[b : b + 1], prompt, generation_config.max_length, source_ids=source_ids)

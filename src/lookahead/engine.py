@@ -102,8 +102,16 @@ class Engine:
             logits = self.runner.admit(prompts)  # [b, V]
         else:
             logits = self.runner.prefill(prompts)  # [b, V]
-        choices = StepChoices(logits[:, None], lazy=False)  # [b, 1]: every first choice, read at once
         self.stats.prefill_seconds += time.perf_counter() - start
+        self._emit_last(seqs, logits)
+        if not self.emitter.stop_ends_seq:  # only sequences that run on after a stop need the others
+            self.admitted += seqs
+        self.active = self._drop_finished([*self.active, *seqs])
+
+    def _emit_last(self, seqs: Sequence[SeqState], logits) -> None:
+        """Each sequence's next token from the logits of its last position [b, V] (a prefill's),
+        chosen exactly as plain decoding chooses it."""
+        choices = StepChoices(logits[:, None], lazy=False)  # [b, 1]: every choice, read at once
         for b, seq in enumerate(seqs):
             batch = (seq.index, seq.batch_size)
             scorer = Scorer(logits[b : b + 1], None, seq.processors, seq.ids, [], batch, choices.sequence(b))
@@ -117,9 +125,23 @@ class Engine:
         self.stats.steps += 1
         self.stats.sequence_steps += len(seqs)
         self.stats.accepted_hist[0] += len(seqs)
-        if not self.emitter.stop_ends_seq:  # only sequences that run on after a stop need the others
-            self.admitted += seqs
-        self.active = self._drop_finished([*self.active, *seqs])
+
+    def _refill(self, active: list[SeqState]) -> bool:
+        """Where the model's own generate recomputes its whole cache (``MaskSpec.refill_at``: Phi-3
+        on reaching original_max_position_embeddings, to key every token with the long RoPE
+        factors), do the same: the text so far is prefilled afresh and gives the next token. Steps
+        never carry t past that position before it (``MaskSpec.position_limit``), so t lands on it.
+        A batch never gets here (``Lookahead.__call__`` refuses one that would; a server limits
+        every request to it)."""
+        at = self.spec.refill_at
+        if at is None or len(active) != 1 or len(active[0].committed) - 1 != at:
+            return False
+        (seq,) = active
+        self._emit_last(active, self.runner.prefill([seq.committed]))
+        if self.drafter is not None:
+            self.drafter.forget_pending()
+        self.active = self._drop_finished(active)
+        return True
 
     def cancel(self, seq: SeqState) -> None:
         """Let ``seq`` leave the batch at the next step boundary (a client that went away)."""
@@ -131,7 +153,7 @@ class Engine:
         """One forward pass over every active sequence (see the module docstring)."""
         active, cfg, chooser = self._drop_finished(self.active), self.cfg, self.chooser
         self.active = active
-        if not active:
+        if not active or self._refill(active):
             return
         # 1. plan: a count-based token tree for a lone sequence (lookahead.drafting), else as
         # wide as pays (lookahead.tuning); then every sequence's candidates

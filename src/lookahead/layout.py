@@ -69,6 +69,7 @@ class StepLayout:
     logit_index: dict[int, int]  # slot -> index into logit_slots
     candidate_position: dict[int, tuple[int, int]]  # candidate slot -> (first candidate k using it, token j)
     node_slots: tuple[int, ...]  # slots of the verification branch, by node id (see ``shape``)
+    reach: int = 0  # the highest position, relative to t's
     # what the runner derives from this layout for a device and dtype, made once (see ``on_device``)
     _derived: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -212,4 +213,5 @@ def _build_layout(n_prefix, window, n_levels, n_candidates, candidate_len, shape
             r: (k, j) for k, cand in reversed(list(enumerate(candidate_slots))) for j, r in enumerate(cand)
         },
         node_slots=tuple(node_slots),
+        reach=max(positions),
     )

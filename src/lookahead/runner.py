@@ -268,6 +268,7 @@ class DecoderRunner:
         device, dtype = self.device, self.dtype
         step_positions, step_mask, slots = layout.on_device(device, dtype)  # [L], [L, L], [K]
         positions = step_positions[None] + _send(self.n_cached[:, None], device)  # [B, L]
+        positions = self._within_limits(positions, layout.reach)
         # t alone with no hole to hide: let the model build its own mask, exactly as plain decoding
         # (the same attention kernel, hence the same rounding)
         if layout.length == 1 and not self.holes and not self.trimmed:
@@ -289,6 +290,23 @@ class DecoderRunner:
                 **self._logits_kwargs(slots),
             )
         return out.logits if self.spec.keeps_logits else out.logits[:, slots]
+
+    def _within_limits(self, positions: torch.Tensor, reach: int) -> torch.Tensor:
+        """Positions past what a sequence's step may reach (``MaskSpec.position_limit``: the
+        position table's end, a RoPE threshold) held at that limit. Only filler slots get there (a
+        batch shares one layout, so a sequence near its limit carries the longest chain's slots);
+        their outputs are never read, while their positions would index past a learned table or
+        change every token's rotary frequencies."""
+        spec = self.spec
+        if spec.max_positions is None and spec.rope_threshold is None:
+            return positions
+        t_positions = self.n_cached.tolist()
+        highest = [spec.position_limit(p) for p in t_positions]
+        if all(h is None or p + reach <= h for p, h in zip(t_positions, highest, strict=True)):
+            return positions
+        big = torch.iinfo(torch.long).max
+        caps = torch.tensor([big if h is None else h for h in highest])[:, None]
+        return torch.minimum(positions, _send(caps, positions.device))
 
     def commit(self, layout: StepLayout, picks: Sequence[tuple[int | None, int]]) -> None:
         """Keep, per sequence, t and its first ``kept - 1`` accepted candidate tokens: picks[b] =
@@ -413,6 +431,23 @@ class Seq2SeqRunner:
         with self.masked_attention if layout.length > 1 else _AS_THEY_ARE:
             logits = self._forward(_send(_id_rows(step_ids), self.device))
         return logits[:, _send(layout.logit_slots, logits.device)]
+
+    def _within_limits(self, positions: torch.Tensor, reach: int) -> torch.Tensor:
+        """Positions past what a sequence's step may reach (``MaskSpec.position_limit``: the
+        position table's end, a RoPE threshold) held at that limit. Only filler slots get there (a
+        batch shares one layout, so a sequence near its limit carries the longest chain's slots);
+        their outputs are never read, while their positions would index past a learned table or
+        change every token's rotary frequencies."""
+        spec = self.spec
+        if spec.max_positions is None and spec.rope_threshold is None:
+            return positions
+        t_positions = self.n_cached.tolist()
+        highest = [spec.position_limit(p) for p in t_positions]
+        if all(h is None or p + reach <= h for p, h in zip(t_positions, highest, strict=True)):
+            return positions
+        big = torch.iinfo(torch.long).max
+        caps = torch.tensor([big if h is None else h for h in highest])[:, None]
+        return torch.minimum(positions, _send(caps, positions.device))
 
     def commit(self, layout: StepLayout, picks: Sequence[tuple[int | None, int]]) -> None:
         """Every sequence keeps the same number of entries: t and the first accepted tokens. A sequence

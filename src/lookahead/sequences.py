@@ -100,8 +100,10 @@ def _cap(seq: SeqState, n: int, spec: MaskSpec, limit: int) -> int:
     if seq.ngram_size is not None:
         n = min(n, seq.ngram_size)
     cap = min(n - 1, limit - seq.length - 1)
-    if spec.max_positions is not None:
-        cap = min(cap, spec.max_positions - len(seq.committed))
+    t_position = len(seq.committed) - 1
+    highest = spec.position_limit(t_position)
+    if highest is not None:
+        cap = min(cap, highest - t_position)
     return cap
 
 
@@ -136,12 +138,15 @@ def _own_g(seq: SeqState, g: int) -> int:
 
 def window_levels(seqs: Sequence[SeqState], cfg: LookaheadConfig, spec: MaskSpec, wide: bool = True) -> int:
     """The window levels a step carries: the batch's fullest window when the step is wide, none
-    when it is plain or the window would run past the model's position table."""
+    when it is plain or the window would run past a position the step may reach
+    (``MaskSpec.position_limit``: the position table's end, a RoPE threshold)."""
     n_levels = max(seq.window.n_levels for seq in seqs) if wide else 0
-    if spec.max_positions is not None and any(
-        len(seq.committed) - 1 + n_levels + cfg.window_size - 1 > spec.max_positions for seq in seqs
-    ):
-        n_levels = 0  # the window would run past the position table: skip it this step
+    for seq in seqs:
+        t_position = len(seq.committed) - 1
+        highest = spec.position_limit(t_position)
+        # the window's last level reaches n_levels - 1 + W - 1 positions past t
+        if n_levels and highest is not None and t_position + n_levels + cfg.window_size - 2 > highest:
+            return 0  # skip the window this step
     return n_levels
 
 

@@ -53,7 +53,7 @@ def create_app(service: Service, tokenizer, settings: ServerSettings, metrics: M
         await asyncio.to_thread(service.shutdown)  # uvicorn has waited for requests in flight
 
     app = FastAPI(title="lookahead", lifespan=lifespan)
-    max_positions = service.spec.max_positions
+    max_positions = service.spec.context_limit  # the position table, or a RoPE threshold (see MaskSpec)
     # ids a client may send: known to the tokenizer and to the model's embedding table
     vocab_size = min(len(tokenizer), service.model.get_input_embeddings().num_embeddings)
 

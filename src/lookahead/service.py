@@ -141,6 +141,14 @@ class Service:
         if spec.encoder_decoder:
             raise ValueError("the server runs decoder-only models (requests join a batch mid-way)")
         self.spec = spec
+        if spec.context_limit != spec.max_positions:
+            logger.warning(
+                "this model's rotary embedding changes once a forward pass reaches position %d (longrope or "
+                "dynamic RoPE), which would change every sequence of a shared batch: requests are limited to "
+                "%d tokens, prompt and output together",
+                spec.rope_threshold,
+                spec.context_limit,
+            )
         self.cfg = cfg = settle(cfg, spec)  # models without position_ids take linear steps
         self.stats = LookaheadStats(config=cfg, accepted_hist=[0] * cfg.max_emitted)
         chooser = make_chooser(model, cfg, spec, 1, largest_batch=self.max_batch_size)

@@ -53,6 +53,32 @@ class MaskSpec:
     # [B, heads, C, head dim] and dtype in every layer: a batch's cache can then be one tensor from
     # the prefill on (lookahead.slab.uniform_shape)
     cache_shape: tuple | None = None
+    # a position at which the model's rotary embedding changes with the highest position of a
+    # forward pass (transformers' "longrope": long factors once it reaches
+    # original_max_position_embeddings; "dynamic": frequencies rescaled past max_position_embeddings)
+    rope_threshold: int | None = None
+    # the position of t at which the model's own generate recomputes the whole cache (Phi-3's
+    # ``prepare_inputs_for_generation`` drops it on reaching original_max_position_embeddings, so
+    # that every key gets the long factors); the loop then does the same (``Engine._refill``)
+    refill_at: int | None = None
+
+    @property
+    def context_limit(self) -> int | None:
+        """The most tokens a sequence may hold when its steps share forward passes with other
+        sequences (a server's batch): past ``rope_threshold``, one sequence's positions would
+        change the rotary frequencies of the others'."""
+        limits = [x for x in (self.max_positions, self.rope_threshold) if x is not None]
+        return min(limits) if limits else None
+
+    def position_limit(self, t_position: int) -> int | None:
+        """The highest position a step whose t sits at ``t_position`` may reach, filler slots
+        included: within the position table, and below ``rope_threshold`` while t is (a plain
+        step's rotary frequencies depend on t's position alone; a wider step must not change them)."""
+        if self.rope_threshold is not None and t_position < self.rope_threshold:
+            return self.rope_threshold - 1
+        if self.max_positions is None:
+            return None
+        return max(self.max_positions - 1, t_position)
 
     @property
     def linear(self) -> bool:
@@ -136,7 +162,30 @@ def mask_spec(config) -> MaskSpec:
     if "sliding_attention" in types and not sliding:
         types = tuple(dict.fromkeys("full_attention" for _ in types))
     max_positions = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
-    return MaskSpec(layer_types=types, sliding_window=sliding, max_positions=max_positions)
+    return MaskSpec(
+        layer_types=types, sliding_window=sliding, max_positions=max_positions, rope_threshold=_rope_threshold(text)
+    )
+
+
+def _rope_threshold(text) -> int | None:
+    """Where the model's rotary frequencies start to depend on a forward pass's highest position
+    (see ``MaskSpec.rope_threshold``), or None where they never do."""
+    params = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
+    if not isinstance(params, dict):
+        return None
+    nested = [p for p in params.values() if isinstance(p, dict)]  # by layer type
+    found = []
+    for entry in nested or [params]:
+        kind = entry.get("rope_type") or entry.get("type") or ""
+        if kind == "longrope":
+            original = entry.get("original_max_position_embeddings") or getattr(
+                text, "original_max_position_embeddings", None
+            )
+            found.append(original)
+        elif "dynamic" in kind:
+            found.append(getattr(text, "max_position_embeddings", None))
+    found = [x for x in found if x]
+    return min(found) if found else None
 
 
 _checked: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple[str, torch.dtype], MaskSpec]] = (
@@ -187,8 +236,28 @@ def check_model(model) -> MaskSpec:
                 f"{name} {problem}, and {linear_problem}: lookahead decoding cannot run it exactly."
             )
         spec = dataclasses.replace(spec, positions=False)
+    if spec.rope_threshold is not None and _drops_cache_at(model, spec.rope_threshold):
+        spec = dataclasses.replace(spec, refill_at=spec.rope_threshold)
     _checked[model] = (key, spec)
     return spec
+
+
+def _drops_cache_at(model, threshold: int) -> bool:
+    """Whether the model's ``prepare_inputs_for_generation`` (what plain generate calls before
+    every forward pass) drops a cache of ``threshold`` tokens once the text holds one more: then
+    plain decoding recomputes every key there. Asked with a stand-in cache whose length alone is
+    real; a model that cannot answer is taken to keep its cache."""
+    cache = DynamicCache()
+    dummy = torch.zeros(1, 1, threshold, 1, device=model.device)
+    cache.update(dummy, dummy, 0)
+    ids = torch.zeros(1, threshold + 1, dtype=torch.long, device=model.device)
+    try:
+        inputs = model.prepare_inputs_for_generation(
+            input_ids=ids, cache=cache, attention_mask=torch.ones_like(ids), use_cache=True
+        )
+    except Exception:  # noqa: BLE001 - a model-specific signature or check: no answer
+        return False
+    return inputs.get("cache", inputs.get("past_key_values")) is None
 
 
 def _ids(model, count: int) -> torch.Tensor:

@@ -1,0 +1,102 @@
+"""Where a step's positions reach past t: the end of a learned position table, and rotary
+embeddings whose frequencies depend on a forward pass's highest position (transformers'
+"longrope" and "dynamic" RoPE). A plain step's frequencies depend on t's position alone, so a wider
+step must not reach a position that changes them. Tiny random-weight models, fp32; weights scaled
+up so that a change of rotary frequencies changes the text."""
+
+import pytest
+import torch
+from tiny_models import COMMON, CONFIGS, repetitive_prompt, tiny_model
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from lookahead import Lookahead
+from lookahead.support import check_model
+
+SETTINGS = [Lookahead(4, 4, 4), Lookahead(0, 4, 4), Lookahead()]
+
+
+def _rope_model(arch: str, rope: dict, **overrides):
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(arch, **{**COMMON, **CONFIGS[arch], **overrides}, rope_parameters=rope)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() >= 2:
+                param.mul_(6.0)
+    return model.eval()
+
+
+def longrope(original: int = 32):
+    half = CONFIGS["phi3"]["hidden_size"] // CONFIGS["phi3"]["num_attention_heads"] // 2
+    rope = {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "short_factor": [1.0] * half,
+        "long_factor": [1.0 + 0.5 * i for i in range(half)],
+        "original_max_position_embeddings": original,
+    }
+    return _rope_model("phi3", rope, original_max_position_embeddings=original)
+
+
+def dynamic(table: int = 32):
+    return _rope_model("llama", {"rope_type": "dynamic", "factor": 4.0, "rope_theta": 10000.0},
+                       max_position_embeddings=table)  # fmt: skip
+
+
+@pytest.mark.parametrize("make", [longrope, dynamic])
+def test_one_sequence_crossing_a_rope_threshold_matches_generate(make):
+    """Phi-3's generate also recomputes the whole cache when the text reaches the threshold
+    (its ``prepare_inputs_for_generation`` drops the cache there): lookahead does the same."""
+    model = make()
+    spec = check_model(model)
+    assert spec.rope_threshold == 32
+    assert spec.refill_at == (32 if make is longrope else None)
+    accepted = 0
+    for seed, length in ((0, 24), (1, 24), (2, 24), (3, 32)):  # 30 new tokens: each crosses position 32
+        prompt = repetitive_prompt(length, seed=seed)
+        expected = model.generate(prompt, max_new_tokens=30, eos_token_id=None)
+        for la in SETTINGS:
+            got = model.generate(prompt, max_new_tokens=30, eos_token_id=None, custom_generate=la)
+            assert torch.equal(got, expected), (make.__name__, seed, la)
+            accepted += sum(la.last_stats.accepted_hist[1:])
+    assert accepted > 0  # candidates were accepted: the steps were wide, not all plain
+
+
+def test_a_batch_that_would_cross_a_rope_threshold_is_refused_and_one_below_it_matches():
+    model = longrope()
+    prompts = [repetitive_prompt(12, seed=1)[0], repetitive_prompt(9, seed=2)[0]]
+    ids = torch.zeros(2, 12, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    ids[0], mask[0] = prompts[0], 1
+    ids[1, 3:], mask[1, 3:] = prompts[1], 1
+    with pytest.raises(ValueError, match="one at a time, or keep max_length at most 32"):
+        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=30, custom_generate=Lookahead(0, 4, 4))
+    expected = model.generate(input_ids=ids, attention_mask=mask, max_length=32, eos_token_id=None)
+    for la in SETTINGS:
+        got = model.generate(input_ids=ids, attention_mask=mask, max_length=32, eos_token_id=None, custom_generate=la)
+        assert torch.equal(got, expected), la
+
+
+def test_a_batch_reaching_the_end_of_a_learned_position_table_matches_generate():
+    """GPT-2's 256 positions: the sequence nearer the end gets no candidates of its own, but
+    carries the other's filler slots, whose positions must stay inside the table."""
+    model = tiny_model("gpt2")
+    ids = torch.zeros(2, 230, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    ids[0], mask[0] = repetitive_prompt(230, seed=230)[0], 1
+    ids[1, 7:], mask[1, 7:] = repetitive_prompt(223, seed=1)[0], 1
+    expected = model.generate(input_ids=ids, attention_mask=mask, max_length=256)
+    for la in (Lookahead(4, 4, 4), Lookahead(0, 4, 4)):
+        got = model.generate(input_ids=ids, attention_mask=mask, max_length=256, custom_generate=la)
+        assert torch.equal(got, expected), la
+
+
+def test_a_prompt_as_long_as_the_position_table_still_gets_its_token():
+    """256 tokens fill GPT-2's table: plain generate still emits the token that the last position
+    predicts, and so does lookahead; 257 are refused by name."""
+    model = tiny_model("gpt2")
+    prompt = repetitive_prompt(256, seed=3)
+    expected = model.generate(prompt, max_new_tokens=1)
+    assert torch.equal(model.generate(prompt, max_new_tokens=1, custom_generate=Lookahead()), expected)
+    with pytest.raises(ValueError, match="257 tokens but the model takes at most 256 positions"):
+        model.generate(repetitive_prompt(257, seed=3), max_new_tokens=1, custom_generate=Lookahead())
