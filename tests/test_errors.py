@@ -3,7 +3,7 @@
 import pytest
 import torch
 from tiny_models import COMMON, repetitive_prompt, tiny_model
-from transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM, SynthIDTextWatermarkingConfig
 
 from lookahead import Lookahead, LookaheadConfig, UnsupportedModelError
 
@@ -43,11 +43,31 @@ def generate(model, prompt, **kwargs):
         (dict(num_beams=2), "num_beams=1"),
         (dict(return_dict_in_generate=True, output_attentions=True), "output_attentions"),
         (dict(num_return_sequences=2), "num_return_sequences"),
+        # with a custom_generate callable transformers runs neither itself: never silently greedy
+        (dict(penalty_alpha=0.6, top_k=4), r"contrastive search \(penalty_alpha\)"),
+        (dict(dola_layers="high"), r"DoLa \(dola_layers\)"),
     ],
 )
 def test_unsupported_options(kwargs, match):
     with pytest.raises(ValueError, match=match):
         generate(tiny_model("llama"), repetitive_prompt(), **kwargs)
+
+
+def test_what_generate_keeps_from_a_callable_is_refused_where_lookahead_sees_it():
+    """transformers hands a custom_generate callable neither synced_gpus nor the tokenizer that
+    token healing needs: Lookahead().generate, which sees the arguments, refuses them by name."""
+    model, prompt = tiny_model("llama"), repetitive_prompt()
+    with pytest.raises(ValueError, match="synced_gpus"):
+        Lookahead(4, 4, 4).generate(model, prompt, max_new_tokens=5, synced_gpus=True)
+    with pytest.raises(ValueError, match=r"model.heal_tokens\(input_ids, tokenizer\)"):
+        Lookahead(4, 4, 4).generate(model, prompt, max_new_tokens=5, token_healing=True, tokenizer=object())
+
+
+def test_inputs_embeds_alone_gets_its_own_message():
+    model, prompt = tiny_model("llama"), repetitive_prompt()
+    embeds = model.get_input_embeddings()(prompt)
+    with pytest.raises(ValueError, match="needs input_ids, not inputs_embeds"):
+        model.generate(inputs_embeds=embeds, max_new_tokens=5, custom_generate=Lookahead(4, 4, 4))
 
 
 def test_right_padding_is_refused():
@@ -166,3 +186,7 @@ def test_stateful_logits_processors_are_refused():
     model, prompt = tiny_model("llama"), repetitive_prompt()
     with pytest.raises(ValueError, match="UnbatchedClassifierFreeGuidanceLogitsProcessor"):
         generate(model, prompt, guidance_scale=1.5, do_sample=False)
+    # SynthID keeps each row's last tokens from call to call: a batch's rows would corrupt each other's
+    watermark = SynthIDTextWatermarkingConfig(keys=[654, 400, 836, 123, 340, 443, 597, 160], ngram_len=3)
+    with pytest.raises(ValueError, match="SynthIDTextWatermarkLogitsProcessor"):
+        generate(model, prompt, watermarking_config=watermark)

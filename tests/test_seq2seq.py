@@ -120,3 +120,34 @@ def test_seq2seq_row_stopping_inside_an_accepted_chain():
     expected = model.generate(ids, eos_token_id=95, pad_token_id=1, **kwargs)
     got = Lookahead(0, 4, 1).generate(model, ids, eos_token_id=95, pad_token_id=1, **kwargs)
     assert got.tolist() == expected.tolist()
+
+
+def test_lookahead_generate_pools_each_returned_sequence_s_own_source():
+    """num_return_sequences expands the batch after Lookahead().generate saw the encoder input:
+    each of the 3 returned sequences samples from its own row's source (no IndexError)."""
+    model = tiny_seq2seq("bart")
+    ids, mask = sources((12, 20))
+    torch.manual_seed(0)
+    expected = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, num_return_sequences=3,
+                              max_new_tokens=10)  # fmt: skip
+    got = Lookahead(0, 4, 1).generate(model, ids, attention_mask=mask, do_sample=True, num_return_sequences=3,
+                                      max_new_tokens=10)  # fmt: skip
+    assert got.shape[0] == expected.shape[0] == 6
+
+
+def test_a_speech_model_s_features_are_not_pooled_as_tokens():
+    """Speech2Text's encoder takes float features: passed positionally to Lookahead().generate they
+    are the model's input, not token ids to draft from."""
+    from transformers import Speech2TextConfig, Speech2TextForConditionalGeneration
+
+    torch.manual_seed(0)
+    config = Speech2TextConfig(
+        vocab_size=96, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, max_source_positions=200,
+        max_target_positions=128, input_feat_per_channel=16, num_conv_layers=2, conv_channels=32,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
+    )  # fmt: skip
+    model = Speech2TextForConditionalGeneration(config).eval()
+    features = torch.randn(1, 40, 16)
+    expected = model.generate(input_features=features, max_new_tokens=10)
+    assert torch.equal(Lookahead(0, 4, 1).generate(model, features, max_new_tokens=10), expected)

@@ -20,6 +20,9 @@ def test_cost_curve_interpolates_and_extrapolates():
     assert STEEP(1) == 1.0 and STEEP(3) == pytest.approx(1.5) and STEEP(12) == pytest.approx(3.9)
     assert STEEP(24) == pytest.approx(7.2)  # the last segment's slope
     assert STEEP.ratio(2, batch=4) == pytest.approx(2.8 / 1.9)  # a batch of 4 at k=2 is 8 tokens
+    # a last segment that falls (a user's curve, or noise) is held flat past it, never reaching 0
+    falling = CostCurve.from_points([(1, 0.02), (8, 0.01)])
+    assert falling(64) == falling(8) == 0.01
 
 
 class FakeClock:
@@ -312,6 +315,9 @@ def test_a_given_cost_curve_decides_the_steps():
     assert wide.last_stats.wide_steps > plain.last_stats.wide_steps
     with pytest.raises(ValueError, match="tokens increasing from 1"):
         Lookahead(cost_curve=[(2, 1.0), (1, 2.0)])
+    for bad in (float("nan"), float("inf"), 0.0):
+        with pytest.raises(ValueError, match="positive and finite"):
+            Lookahead(cost_curve=[(1, 1.0), (8, bad)])
 
 
 def _batch_costs(near: dict, far: dict) -> tuning.BatchCosts:

@@ -128,8 +128,17 @@ class Lookahead:
         you stream, stop on strings, or run an encoder-decoder model.
         """
         streamer = kwargs.get("streamer")  # left in kwargs: generate itself streams the prompt
+        if kwargs.get("synced_gpus"):  # generate would not hand it to the callable
+            raise ValueError("lookahead decoding does not support synced_gpus (DeepSpeed ZeRO-3 / FSDP)")
         tokenizer = kwargs.pop("tokenizer", None)
         config = kwargs.get("generation_config")
+        if kwargs.get("token_healing") or getattr(config or model.generation_config, "token_healing", False):
+            # generate does not hand a custom_generate callable's run the tokenizer it heals with
+            raise ValueError(
+                "token healing is not available through custom_generate (transformers keeps the tokenizer from "
+                "it): heal the prompt first, input_ids = model.heal_tokens(input_ids, tokenizer), then generate "
+                "without token_healing"
+            )
         stop_strings = kwargs.pop("stop_strings", None)
         if stop_strings is None and getattr(config or model.generation_config, "stop_strings", None):
             config = copy.deepcopy(config or model.generation_config)
@@ -143,7 +152,12 @@ class Lookahead:
             kwargs["stopping_criteria"] = criteria
         extra = {"streamer": streamer} if streamer is not None else {}
         source = inputs if inputs is not None else kwargs.get("input_ids")
-        if getattr(model.config, "is_encoder_decoder", False) and isinstance(source, torch.Tensor):
+        if (
+            getattr(model.config, "is_encoder_decoder", False)
+            and isinstance(source, torch.Tensor)
+            and source.dim() == 2
+            and not source.is_floating_point()  # token ids, not a speech model's features
+        ):
             extra["source_ids"] = source  # the encoder's input: n-grams the output often copies
         loop = functools.partial(self, **extra) if extra else self
         return model.generate(inputs, custom_generate=loop, **kwargs)
@@ -162,9 +176,14 @@ class Lookahead:
         **model_kwargs,
     ):
         spec = check_model(model)
-        validate_call(input_ids, generation_config, synced_gpus, model_kwargs, streamer, logits_processor)
+        validate_call(input_ids, generation_config, synced_gpus, model_kwargs, streamer, logits_processor, model)
         cfg = settle(self.config_for(model.device), spec, self._overrides)
         batch = input_ids.shape[0]
+        if source_ids is not None and source_ids.shape[0] != batch:
+            # generate expanded every input for num_return_sequences, the source ids it did not see
+            if batch % source_ids.shape[0]:
+                raise ValueError(f"source_ids has {source_ids.shape[0]} rows for a batch of {batch}")
+            source_ids = source_ids.repeat_interleave(batch // source_ids.shape[0], dim=0)
         stats = LookaheadStats(config=cfg, accepted_hist=[0] * cfg.max_emitted, batch_size=batch)
         self.last_stats = stats
         want = generation_config.return_dict_in_generate

@@ -19,6 +19,7 @@ _STATEFUL_PROCESSORS = {
     "DiaEOSDelayPatternLogitsProcessor": "it keeps state from one call to the next",
     "WhisperTimeStampLogitsProcessor": "it keeps state from one call to the next",
     "WhisperNoSpeechDetection": "it runs the model itself and keeps state",
+    "SynthIDTextWatermarkLogitsProcessor": "it keeps each row's context from one call to the next",
 }
 
 
@@ -58,7 +59,22 @@ def _check_position_ids(model_kwargs) -> None:
         )
 
 
-def validate_call(input_ids, generation_config, synced_gpus, model_kwargs, streamer=None, processors=()) -> None:
+def _sharded_across_processes(model) -> bool:
+    """What transformers' generate takes as ``synced_gpus`` when not told (DeepSpeed ZeRO-3 or FSDP
+    over several processes): a ``custom_generate`` callable is not handed that flag."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return False
+    if torch.distributed.get_world_size() < 2:
+        return False
+    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+    from transformers.integrations.fsdp import is_fsdp_managed_module
+
+    return bool(is_deepspeed_zero3_enabled() or (model is not None and is_fsdp_managed_module(model)))
+
+
+def validate_call(
+    input_ids, generation_config, synced_gpus, model_kwargs, streamer=None, processors=(), model=None
+) -> None:
     """Refuse, before any decoding, what this loop cannot do exactly."""
     for processor in processors or ():
         why = _STATEFUL_PROCESSORS.get(type(processor).__name__)
@@ -67,10 +83,18 @@ def validate_call(input_ids, generation_config, synced_gpus, model_kwargs, strea
                 f"{type(processor).__name__} cannot run under lookahead decoding ({why}, while a step "
                 "scores several positions at once): use plain generate for it"
             )
+    if model_kwargs.get("inputs_embeds") is not None:  # transformers then passes empty input_ids
+        raise ValueError("lookahead decoding needs input_ids, not inputs_embeds")
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise ValueError("the prompt is empty: give at least one token (e.g. the BOS token)")
     if (generation_config.num_beams or 1) > 1:
         raise ValueError("lookahead decoding does not do beam search: pass num_beams=1")
+    if generation_config.penalty_alpha is not None or generation_config.dola_layers is not None:
+        # with a custom_generate callable transformers no longer dispatches these itself
+        raise ValueError(
+            "contrastive search (penalty_alpha) and DoLa (dola_layers) are decoding methods of their own: "
+            "use plain generate for them, or drop them for lookahead decoding"
+        )
     if input_ids.shape[0] > 1:
         if streamer is not None:
             raise ValueError("streamers take one sequence: stream a batch of 1, or drop the streamer")
@@ -81,7 +105,7 @@ def validate_call(input_ids, generation_config, synced_gpus, model_kwargs, strea
                 "output_scores / output_logits are available for a batch of 1 only: rows of a batch "
                 "advance unevenly under lookahead decoding, so there is no per-step score tensor"
             )
-    if synced_gpus:
+    if synced_gpus or _sharded_across_processes(model):
         raise ValueError("lookahead decoding does not support synced_gpus (DeepSpeed ZeRO-3 / FSDP)")
     if generation_config.return_dict_in_generate and (
         generation_config.output_attentions or generation_config.output_hidden_states
@@ -97,8 +121,6 @@ def validate_call(input_ids, generation_config, synced_gpus, model_kwargs, strea
             "inputs itself), so the output would be wrong: generate without them, or with plain generate"
         )
     _check_position_ids(model_kwargs)
-    if model_kwargs.get("inputs_embeds") is not None:
-        raise ValueError("lookahead decoding needs input_ids, not inputs_embeds")
     for key in ("cache", "past_key_values"):
         cache = model_kwargs.get(key)
         if cache is not None and cache.get_seq_length() > 0:

@@ -71,7 +71,7 @@ GRID = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 64, 128)
 @dataclass(frozen=True)
 class CostCurve:
     """Seconds per forward pass over ``tokens`` new tokens: linear between measured points,
-    extrapolated from the last two beyond them."""
+    extrapolated from the last two beyond them (flat where they fall)."""
 
     points: tuple[tuple[int, float], ...]  # (tokens, seconds), increasing tokens
 
@@ -89,8 +89,8 @@ class CostCurve:
             raise ValueError(
                 "cost_curve needs at least two points, tokens increasing from 1, e.g. [(1, 0.02), (8, 0.03)]"
             )
-        if any(s <= 0 for _, s in pts):
-            raise ValueError("cost_curve seconds must be positive")
+        if any(not math.isfinite(s) or s <= 0 for _, s in pts):
+            raise ValueError("cost_curve seconds must be positive and finite")
         return cls(pts)
 
     def __call__(self, tokens: int) -> float:
@@ -101,7 +101,7 @@ class CostCurve:
             if tokens <= x1:
                 return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
         (x0, y0), (x1, y1) = pts[-2], pts[-1]
-        return y1 + (y1 - y0) * (tokens - x1) / (x1 - x0)
+        return y1 + max(0.0, y1 - y0) * (tokens - x1) / (x1 - x0)  # never falling past the last point
 
     def ratio(self, k: int, batch: int = 1) -> float:
         """T(batch * k) / T(batch): the cost of a k-token step relative to a plain one."""
