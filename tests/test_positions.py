@@ -100,3 +100,23 @@ def test_a_prompt_as_long_as_the_position_table_still_gets_its_token():
     assert torch.equal(model.generate(prompt, max_new_tokens=1, custom_generate=Lookahead()), expected)
     with pytest.raises(ValueError, match="257 tokens but the model takes at most 256 positions"):
         model.generate(repetitive_prompt(257, seed=3), max_new_tokens=1, custom_generate=Lookahead())
+
+
+def test_a_server_limits_a_longrope_model_s_requests_to_its_threshold(caplog):
+    """A server's batch mixes requests at any positions; past the threshold one request's positions
+    would switch the others' factors, so requests are held below it, and the start says so."""
+    import logging
+
+    from lookahead import LookaheadConfig
+    from lookahead.api import ApiError, parse_request
+    from lookahead.service import Service
+
+    with caplog.at_level(logging.WARNING, logger="lookahead"):
+        service = Service(longrope(), LookaheadConfig(0, 4, 4), max_batch_size=2)
+    try:
+        assert service.spec.context_limit == 32 and "limited to 32 tokens" in caplog.text
+        body = {"model": "m", "prompt": list(range(3, 23)), "max_tokens": 13}  # 20 + 13 > 32
+        with pytest.raises(ApiError, match="at most 12"):
+            parse_request(body, False, "m", None, service.spec.context_limit, 16, 96)
+    finally:
+        service.shutdown(timeout=30)
