@@ -293,3 +293,48 @@ def test_time_budget_skips_the_prompts_it_leaves_no_time_for(tmp_path, capsys, c
     assert "time budget: 1 of 3 prompts ran" in capsys.readouterr().out
     assert main([*args, "--time-budget", "0"]) == 1
     assert "--time-budget must be a positive number of seconds" in capsys.readouterr().err
+
+
+def test_cli_refuses_bad_options_in_one_line_before_loading_anything(tmp_path, capsys):
+    """Each of these used to run (a model load, a calibration, a whole benchmark) before failing
+    with a traceback, or not fail at all."""
+    prompts = tmp_path / "mine.jsonl"
+    prompts.write_text('{"prompt": "abc"}\n')
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "mine.jsonl").write_text('{"prompt": "abd"}\n')
+    missing_model = str(tmp_path / "no-such-model")  # never reached: each check comes first
+    cases = [
+        (["bench", str(prompts), "--model", missing_model, "--out", str(blocked / "sub")], "--out"),
+        (["bench", str(prompts), str(other / "mine.jsonl"), "--model", missing_model], "reports of the same name"),
+        (["bench", str(prompts), "--model", missing_model, "--device", "mps"], "--device mps cannot be used here"),
+        (["generate", "x", "--model", missing_model, "--temperature", "nan"], "--temperature must be a finite"),
+        (["serve", "--model", missing_model, "--port", "99999"], "--port must be in 1-65535"),
+        (["serve", "--model", missing_model, "--api-key", ""], "--api-key is empty"),
+        (["serve", "--model", missing_model, "--plain", "-N", "3"], "--plain takes one-token steps"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 1, argv
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, (argv, err)
+
+
+def test_encoder_decoder_checkpoints_count_their_decoder_tokens(tmp_path, capsys):
+    """An encoder-decoder output is the decoder's, from its start token: generate --compare counts
+    new tokens from there (it printed -2), and bench refuses such a model by name (it divided by 0)."""
+    from tiny_models import tiny_seq2seq
+
+    checkpoint = tmp_path / "t5"
+    tiny_seq2seq("t5").save_pretrained(checkpoint)
+    char_tokenizer().save_pretrained(checkpoint)
+    argv = ["generate", "abcabcabc", "--model", str(checkpoint), "--max-new-tokens", "8", "--compare"]
+    assert main(argv) == 0
+    line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("[plain generate]")][0]
+    assert int(line.split()[2]) == 8 and "outputs identical" in line, line
+    prompts = tmp_path / "mine.jsonl"
+    prompts.write_text('{"prompt": "abc"}\n')
+    argv = ["bench", str(prompts), "--model", str(checkpoint), "--out", str(tmp_path / "out"), "--dtype", "float32"]
+    assert main(argv) == 1
+    assert "decoder-only models" in capsys.readouterr().err

@@ -45,7 +45,7 @@ def test_a_users_file_gives_kinds_and_ids(tmp_path):
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     assert [(p.id, p.kind) for p in datasets.load(str(path), 2)] == [("mine/0", "a"), ("B", "b")]
     (tmp_path / "bad.jsonl").write_text('{"text": "no prompt field"}\n')
-    with pytest.raises(ValueError, match='needs a "prompt" field'):
+    with pytest.raises(ValueError, match='with a "prompt" field'):
         datasets.load(str(tmp_path / "bad.jsonl"))
 
 
@@ -53,3 +53,22 @@ def test_a_users_file_gives_kinds_and_ids(tmp_path):
 def test_the_examples_in_docstrings_hold(module):
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.mark.parametrize(
+    "lines,match",
+    [
+        (['{"prompt": "a", "id": "p"}', '{"prompt": "b", "id": "p"}'], r"x.jsonl:2: the id 'p' is already on line 1"),
+        (['{"prompt": "a"}', '"just a string"'], r"x.jsonl:2: each line needs a JSON object"),
+        (['{"prompt": "a"}', "", '{"prompt": "b" "id": 3}'], r"x.jsonl:3: not JSON"),
+        (['{"prompt": 5}'], r'x.jsonl:1: "prompt" must be a non-empty string'),
+        (["", "  "], r"x.jsonl: no prompts"),
+    ],
+)
+def test_a_users_file_is_checked_line_by_line_before_any_model_loads(tmp_path, lines, match):
+    """Duplicate ids would merge two prompts in the report (runs are keyed by id); every other
+    fault is named with its file and line."""
+    path = tmp_path / "x.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=match):
+        datasets.load(str(path))

@@ -6,7 +6,9 @@ The library never prints; this module formats what it returns.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
+import math
 import signal
 import sys
 import time
@@ -131,6 +133,10 @@ def _device(name: str) -> str:
         raise ValueError(f"unknown --device {name!r}: use cpu, cuda, cuda:N or auto") from err
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {name}: this machine has no CUDA device (torch {torch.__version__}): use cpu")
+    try:  # a device torch can name but not reach (mps without support, cuda:7 on one GPU)
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as err:
+        raise ValueError(f"--device {name} cannot be used here ({str(err).splitlines()[0]}): use cpu or auto") from err
     return name
 
 
@@ -181,7 +187,8 @@ def _generate(args) -> int:
         start = time.perf_counter()
         plain = model.generate(**inputs, **settings)
         plain_seconds = time.perf_counter() - start
-        new = plain.shape[1] - inputs["input_ids"].shape[1]
+        # an encoder-decoder model's output is the decoder's, from its start token
+        new = plain.shape[1] - (1 if model.config.is_encoder_decoder else inputs["input_ids"].shape[1])
         rate = f"{new} tokens in {plain_seconds:.2f} s: {new / plain_seconds:.1f} tokens/s"
         speedup = (stats.new_tokens / seconds) / (new / plain_seconds)
         if sample:  # two draws from the same distribution: only the speed compares
@@ -196,6 +203,10 @@ def _generate(args) -> int:
 
 def _generation_settings(args) -> dict:
     """generate() keyword arguments from the CLI's sampling options, checked."""
+    for flag, value in (("temperature", args.temperature), ("top-p", args.top_p),
+                        ("repetition-penalty", args.repetition_penalty)):  # fmt: skip
+        if value is not None and not math.isfinite(value):
+            raise ValueError(f"--{flag} must be a finite number, got {value}")
     if args.temperature < 0:
         raise ValueError("--temperature must be >= 0 (0 = greedy)")
     sample = args.temperature > 0
@@ -234,9 +245,25 @@ def _bench(args) -> int:
     if args.adaptive and chosen == (None,) * 3:
         raise ValueError("--adaptive applies to the -W/-N/-G run: give at least one of them")
     bench.methods_for(*chosen, adaptive=args.adaptive)  # validates W/N/G before the load
+    device = _device(args.device)
+    missing = [name for name in ("tqdm", "psutil", "matplotlib") if importlib.util.find_spec(name) is None]
+    if missing:
+        needs = ", ".join(missing)
+        raise ValueError(f"lookahead bench needs its extras ({needs} missing): pip install 'lookahead-decoding[bench]'")
     suites = {name: datasets.load(name, args.n) for name in args.datasets}  # fail early on a bad name
-    model, tokenizer = models.load(args.model, dtype=args.dtype, device=_device(args.device))
+    labels = [Path(name).stem for name in args.datasets]
+    if len(set(labels)) < len(labels):
+        raise ValueError(f"datasets {args.datasets} would write reports of the same name: rename one")
     out = Path(args.out)
+    try:  # before the run, not after it
+        out.mkdir(parents=True, exist_ok=True)
+        (out / ".lookahead-write-check").touch()
+        (out / ".lookahead-write-check").unlink()
+    except OSError as err:
+        raise ValueError(f"--out {args.out}: cannot write there ({err.strerror})") from err
+    model, tokenizer = models.load(args.model, dtype=args.dtype, device=device)
+    if model.config.is_encoder_decoder:
+        raise ValueError("lookahead bench measures decoder-only models (its bound and prompt lookup are theirs)")
     for name, prompts in suites.items():
         label = Path(name).stem
         by_batch = {}
@@ -295,7 +322,7 @@ def _serve(args) -> int:
     try:
         import uvicorn
     except ImportError as err:
-        raise ValueError("lookahead serve needs the server's extras: pip install 'lookahead[serve]'") from err
+        raise ValueError("lookahead serve needs the server's extras: pip install 'lookahead-decoding[serve]'") from err
 
     from .decoding import Lookahead
     from .metrics import Metrics
@@ -307,6 +334,12 @@ def _serve(args) -> int:
     transformers.utils.logging.disable_progress_bar()
     if args.max_batch_size < 1 or args.max_queue < 1:
         raise ValueError("--max-batch-size and --max-queue must be at least 1")
+    if not 1 <= args.port <= 65535:
+        raise ValueError(f"--port must be in 1-65535, got {args.port}")
+    if args.api_key is not None and not args.api_key.strip():
+        raise ValueError("--api-key is empty (an unset variable?): give a key, or drop the flag to serve without one")
+    if args.plain and (args.window_size, args.ngram_size, args.max_candidates) != (None,) * 3:
+        raise ValueError("--plain takes one-token steps: drop -W/-N/-G, or drop --plain")
     lookahead = Lookahead(args.window_size, args.ngram_size, args.max_candidates)  # validates W/N/G
     device = _device(args.device)
     cfg = PLAIN_CONFIG if args.plain else lookahead.config_for(device)

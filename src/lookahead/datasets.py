@@ -104,15 +104,26 @@ def encode_batch(tokenizer, prompts: list[Prompt]) -> dict:
 def from_jsonl(path: str | Path, n: int | None = None) -> list[Prompt]:
     """A user's prompts: one JSON object per line, {"prompt": "...", "chat": false, "id": "...",
     "kind": "..."} (all but "prompt" optional); ``n`` of them are taken across kinds (``spread``)."""
-    prompts = []
+    prompts, seen = [], {}
     for i, line in enumerate(Path(path).read_text().splitlines()):
         if not line.strip():
             continue
-        row = json.loads(line)
-        if "prompt" not in row:
-            raise ValueError(f'{path}:{i + 1}: each line needs a "prompt" field')
+        where = f"{path}:{i + 1}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{where}: not JSON ({err.msg}, column {err.colno})") from err
+        if not isinstance(row, dict) or "prompt" not in row:
+            raise ValueError(f'{where}: each line needs a JSON object with a "prompt" field')
+        if not isinstance(row["prompt"], str) or not row["prompt"]:
+            raise ValueError(f'{where}: "prompt" must be a non-empty string')
         ident = str(row.get("id", f"{Path(path).stem}/{i}"))
+        if ident in seen:  # reports key runs by id: two prompts would merge into one
+            raise ValueError(f"{where}: the id {ident!r} is already on line {seen[ident]}: ids must be unique")
+        seen[ident] = i + 1
         prompts.append(Prompt(ident, row["prompt"], bool(row.get("chat")), str(row.get("kind", ""))))
+    if not prompts:
+        raise ValueError(f"{path}: no prompts (one JSON object per line)")
     return spread(prompts, n)
 
 

@@ -52,6 +52,8 @@ def create_app(service: Service, tokenizer, settings: ServerSettings, metrics: M
         yield
         await asyncio.to_thread(service.shutdown)  # uvicorn has waited for requests in flight
 
+    if settings.api_key is not None and not settings.api_key.strip():
+        raise ValueError("the API key is empty: an empty bearer token would be let in; give a key, or None")
     app = FastAPI(title="lookahead", lifespan=lifespan)
     max_positions = service.spec.context_limit  # the position table, or a RoPE threshold (see MaskSpec)
     # ids a client may send: known to the tokenizer and to the model's embedding table
