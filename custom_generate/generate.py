@@ -6,7 +6,9 @@
 PATH/TO/lookahead is the folder that holds this ``custom_generate/`` folder (this repository).
 This route hands the function every ``generate`` argument, ``streamer`` and ``stop_strings`` (with
 ``tokenizer``) included, so nothing is lost on the way; it runs the installed ``lookahead``
-package (``pip install lookahead``, see requirements.txt). Extra keyword arguments
+package, distribution ``lookahead-decoding`` (requirements.txt): install it from this repository,
+``./scripts/setup.sh`` or ``pip install -e PATH/TO/lookahead`` (not ``pip install lookahead``, an
+unrelated package on PyPI). Extra keyword arguments
 ``window_size``, ``ngram_size`` and ``max_candidates`` fix W/N/G; without them the settings are
 chosen per step for the model's device, as ``Lookahead()`` does. The output is the one
 ``model.generate`` gives without it (greedy: token for token).

@@ -6,8 +6,17 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
-# torch first, pinned: a bare "torch" requirement would pull a multi-GB CUDA build.
-pip install "torch==2.13.0"
+# torch first, pinned: a bare "torch" requirement would pull a multi-GB CUDA build. Where pip's own
+# configuration offers a CPU wheel of it (as on the machines this project is developed on), that
+# is what it takes; elsewhere PyPI's torch==2.13.0 is a CUDA build. For the CPU build there, run
+# TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu ./scripts/setup.sh
+pip install "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
+# the distribution was named "lookahead" until 2026-12-05 (a name PyPI gives to another package)
+if .venv/bin/python -m pip --disable-pip-version-check show lookahead 2>/dev/null \
+    | grep -Eq "^(Editable project location|Location): $PWD(/src)?$"; then
+  pip uninstall -y lookahead
+  rm -rf src/lookahead.egg-info
+fi
 # the library, and its extras: models (bundled GGUFs), bench (lookahead bench), serve (lookahead
 # serve), dev (tests, linting)
 pip install -e ".[models,bench,serve,dev]"

