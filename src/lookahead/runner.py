@@ -432,23 +432,6 @@ class Seq2SeqRunner:
             logits = self._forward(_send(_id_rows(step_ids), self.device))
         return logits[:, _send(layout.logit_slots, logits.device)]
 
-    def _within_limits(self, positions: torch.Tensor, reach: int) -> torch.Tensor:
-        """Positions past what a sequence's step may reach (``MaskSpec.position_limit``: the
-        position table's end, a RoPE threshold) held at that limit. Only filler slots get there (a
-        batch shares one layout, so a sequence near its limit carries the longest chain's slots);
-        their outputs are never read, while their positions would index past a learned table or
-        change every token's rotary frequencies."""
-        spec = self.spec
-        if spec.max_positions is None and spec.rope_threshold is None:
-            return positions
-        t_positions = self.n_cached.tolist()
-        highest = [spec.position_limit(p) for p in t_positions]
-        if all(h is None or p + reach <= h for p, h in zip(t_positions, highest, strict=True)):
-            return positions
-        big = torch.iinfo(torch.long).max
-        caps = torch.tensor([big if h is None else h for h in highest])[:, None]
-        return torch.minimum(positions, _send(caps, positions.device))
-
     def commit(self, layout: StepLayout, picks: Sequence[tuple[int | None, int]]) -> None:
         """Every sequence keeps the same number of entries: t and the first accepted tokens. A sequence
         that kept fewer has just stopped inside the step and leaves the batch next (``select``)."""
