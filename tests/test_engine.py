@@ -5,6 +5,7 @@ Tiny random-weight models, fp32; the real server is tested in test_server.py.
 
 import asyncio
 import collections
+import copy
 import gc
 import math
 import weakref
@@ -274,6 +275,116 @@ def test_text_decoder_holds_back_stop_prefixes_and_cuts_at_the_stop():
     assert plain.push([0, 30]) == "a"  # an incomplete character is held back
     assert plain.push([30]) == ""  # byte-fallback tokenizers: one U+FFFD per missing byte, all held
     assert plain.flush() == "\ufffd\ufffd"
+
+
+def test_overlapping_stop_strings_cut_alike_however_the_tokens_are_grouped():
+    """A step brings one token or several, depending on the batch: the stop completed first wins
+    either way ("abcdefgh" holds "bcdefg", which starts first, and "cd", which completes first)."""
+    text = [0, 1, 2, 3, 4, 5, 6, 7]  # "abcdefgh"
+    cuts = set()
+    for size in (1, 2, 3, 8):
+        decoder = TextDecoder(CharTokenizer(), stop=["bcdefg", "cd"])
+        pieces = [decoder.push(text[i : i + size]) for i in range(0, len(text), size)]
+        cuts.add(("".join(pieces) + decoder.flush(), decoder.tokens_used))
+    assert cuts == {("ab", 4)}
+
+
+def test_a_failed_admission_fails_the_newcomers_only():
+    """A newcomer's prefill runs on its own before anything of the running batch is touched: when
+    it fails (out of memory on a long prompt), the requests already running go on, exactly."""
+    from lookahead.runner import DecoderRunner
+
+    model = tiny_model("llama")
+    service = Service(model, LookaheadConfig(0, 4, 4), max_batch_size=4, max_queue=4)
+    prefill = DecoderRunner.prefill
+
+    def failing(self, prompts):
+        if any(len(p) == 11 for p in prompts):
+            raise RuntimeError("simulated out of memory")
+        return prefill(self, prompts)
+
+    running, doomed = repetitive_prompt(24, 0)[0].tolist(), repetitive_prompt(11, 1)[0].tolist()
+    long = 200
+
+    async def main():
+        first = Request(prompt_ids=running, max_tokens=long)
+        service.submit(first)
+        event = await first.events.get()  # it runs: now the newcomer comes
+        newcomer = asyncio.create_task(ask(service, doomed))
+        tokens, reason = list(event.tokens), event.finish_reason
+        while reason is None:
+            event = await first.events.get()
+            tokens, reason = tokens + event.tokens, event.finish_reason
+        return (tokens, reason), await newcomer
+
+    DecoderRunner.prefill = failing
+    try:
+        (tokens, reason), (lost, error) = asyncio.run(asyncio.wait_for(main(), 120))
+    finally:
+        DecoderRunner.prefill = prefill
+        service.shutdown(timeout=30)
+    expected = model.generate(torch.tensor([running]), max_new_tokens=long, do_sample=False)
+    assert tokens == expected[0, len(running) :].tolist() and reason in ("length", "stop")
+    assert lost == [] and error.startswith("error:") and "simulated out of memory" in error
+
+
+def test_a_caller_whose_event_loop_closed_does_not_stop_the_engine():
+    """A request's events go to its caller's event loop; one that closed while its request ran
+    (the caller left without cancelling) cancels that request, and the engine serves the next."""
+    model = tiny_model("llama")
+    service = Service(model, LookaheadConfig(0, 4, 4), max_batch_size=2, max_queue=4)
+    prompt = repetitive_prompt(24, 0)[0].tolist()
+
+    async def leave_early():
+        request = Request(prompt_ids=prompt, max_tokens=200)
+        service.submit(request)
+        await request.events.get()  # its first tokens came; the loop then closes under it
+
+    try:
+        asyncio.run(leave_early())
+        tokens, reason = asyncio.run(asyncio.wait_for(ask(service, prompt), 60))
+        assert service._thread.is_alive()
+    finally:
+        service.shutdown(timeout=30)
+    expected = model.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False)
+    assert tokens == expected[0, len(prompt) :].tolist() and reason in ("length", "stop")
+
+
+def test_the_model_s_own_generation_config_processors_apply_to_every_request():
+    """A model may ship a repetition_penalty (Qwen2.5-Instruct does): plain generate applies it, so
+    the service does too, with no_repeat_ngram_size and min_new_tokens."""
+    model = tiny_model("llama")
+    saved = model.generation_config
+    model.generation_config = copy.deepcopy(saved)
+    model.generation_config.update(repetition_penalty=1.3, no_repeat_ngram_size=3, min_new_tokens=5)
+    service = Service(model, LookaheadConfig(0, 4, 4), max_batch_size=2, max_queue=4)
+    prompts = [repetitive_prompt(n, seed)[0].tolist() for seed, n in enumerate((24, 12))]
+    try:
+
+        async def both():
+            return await asyncio.gather(*(ask(service, p) for p in prompts))
+
+        results = asyncio.run(asyncio.wait_for(both(), 120))
+        for prompt, (tokens, _) in zip(prompts, results, strict=True):
+            expected = model.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False)
+            assert tokens == expected[0, len(prompt) :].tolist()
+        assert any(  # without the processors the text differs: they mattered here
+            tokens != model.generate(torch.tensor([p]), max_new_tokens=NEW, do_sample=False, repetition_penalty=1.0,
+                                     no_repeat_ngram_size=0, min_new_tokens=0)[0, len(p) :].tolist()
+            for p, (tokens, _) in zip(prompts, results, strict=True)
+        )  # fmt: skip
+    finally:
+        service.shutdown(timeout=30)
+        model.generation_config = saved
+
+
+def test_a_vanishing_temperature_is_greedy_not_an_overflow():
+    """logits / 1e-45 overflow to inf and the draw turns to garbage: such a request is greedy."""
+    from lookahead.api import parse_request
+
+    body = {"model": "m", "prompt": [5, 6, 7], "max_tokens": 2}
+    for value, expected in ((1e-45, 0.0), (0.0, 0.0), (0.5, 0.5)):
+        assert parse_request({**body, "temperature": value}, False, "m", None, 512, 16, 96).temperature == expected
 
 
 def test_chat_template_errors_are_400_naming_messages():

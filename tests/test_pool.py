@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lookahead.pool import NGramPool
+from lookahead.pool import NGramPool, SharedPool
 
 
 def test_docstring_example():
@@ -58,3 +58,28 @@ def test_pool_behaves_like_a_bounded_lru_per_key(n, capacity, ngrams):
         assert pool.candidates(key) == bulk.candidates(key) == list(reversed(lru))
         assert len(pool.candidates(key)) <= capacity
     assert len(pool) == sum(len(v) for v in model.values())
+
+
+def test_the_shared_pool_holds_about_the_memory_it_is_bounded_by():
+    """The byte bound is an estimate: checked against what the pool really holds (tracemalloc),
+    on random text, where suffixes rarely repeat and every entry pays for its own dict. An
+    estimate of 160 bytes a pair held 2.5x its bound."""
+    import gc
+    import random
+    import tracemalloc
+
+    rng = random.Random(0)
+    texts = [[rng.randrange(49152) for _ in range(1000)] for _ in range(40)]  # made before tracing
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        shared = SharedPool(max_bytes=4 * 2**20)
+        for text in texts:
+            shared.add_text(text)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert shared.nbytes <= shared.max_bytes and len(shared) < shared.max_entries  # the byte bound bit
+    assert 0.7 * shared.max_bytes < held < 1.25 * shared.max_bytes, held / shared.max_bytes

@@ -37,6 +37,7 @@ _COMMON = {"model", "stream", "stream_options", "max_tokens", "temperature", "to
            "lookahead"}  # fmt: skip
 _FIELDS = {False: _COMMON | {"prompt"}, True: _COMMON | {"messages", "max_completion_tokens"}}
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+MIN_TEMPERATURE = 1e-5  # below it a request is greedy (the limit of sampling as temperature falls)
 
 
 class ApiError(Exception):
@@ -204,10 +205,13 @@ def parse_request(
     if options is not None and (not stream or not isinstance(options, dict) or set(options) - {"include_usage"}):
         raise _bad("stream_options", "'stream_options' takes {include_usage: bool}, and only with stream: true")
     top_k = _int(body, "top_k", 0)
+    temperature = _number(body, "temperature", 0.0, 2.0, 1.0)
+    if temperature < MIN_TEMPERATURE:  # logits divided by 1e-45 overflow: its limit, greedy, instead
+        temperature = 0.0
     return ParsedRequest(
         prompt_ids=ids,
         max_tokens=max_tokens,
-        temperature=_number(body, "temperature", 0.0, 2.0, 1.0),
+        temperature=temperature,
         top_p=_number(body, "top_p", 0.0, 1.0, 1.0),  # 0 keeps the likeliest token alone, as OpenAI's
         top_k=top_k or None,
         seed=_int(body, "seed"),

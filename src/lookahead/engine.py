@@ -99,7 +99,7 @@ class Engine:
         if self.active:
             if self.runner.aligned:
                 raise ValueError("encoder-decoder models cannot admit sequences into a running batch")
-            logits = self.runner.admit(prompts)  # [b, V]
+            logits = self.runner.admit(prompts)  # [b, V]; AdmissionError: the running batch is intact
         else:
             logits = self.runner.prefill(prompts)  # [b, V]
         self.stats.prefill_seconds += time.perf_counter() - start

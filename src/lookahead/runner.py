@@ -56,6 +56,11 @@ from .slab import Slab
 from .support import MaskSpec
 
 
+class AdmissionError(RuntimeError):
+    """The newcomers' own prefill failed (out of memory on a long prompt, ...), before anything of
+    the running batch was touched: only they fail."""
+
+
 def _send(values, device: torch.device) -> torch.Tensor:
     """Host values (a tensor or nested lists of ints) on ``device``: copied without waiting for
     the device's queue (non-blocking; the driver stages pageable memory before returning), so
@@ -239,7 +244,10 @@ class DecoderRunner:
         logits [b, V]. The shorter of the two caches is left-padded with holes, so every sequence
         keeps its columns and positions (the mask hides the holes)."""
         newcomers = DecoderRunner(self.model, self.spec, bound_sliding=False, slab=False)
-        logits = newcomers.prefill(prompts)
+        try:
+            logits = newcomers.prefill(prompts)
+        except Exception as err:  # the running batch is untouched so far
+            raise AdmissionError(str(err)) from err
         self._untrim()
         width = max(self.key_pos.shape[1], newcomers.key_pos.shape[1])
 

@@ -38,7 +38,13 @@ import torch
 from transformers import (
     EosTokenCriteria,
     LogitsProcessorList,
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
+    NoBadWordsLogitsProcessor,
+    NoRepeatNGramLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
     StoppingCriteriaList,
+    SuppressTokensLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
@@ -48,6 +54,7 @@ from .config import LookaheadConfig, LookaheadStats
 from .decoding import make_chooser, make_drafter, new_sequence, settle
 from .engine import Engine
 from .pool import SharedPool
+from .runner import AdmissionError
 from .sequences import Emitter, SeqState
 from .support import check_model
 
@@ -160,6 +167,13 @@ class Service:
         )
         eos = model.generation_config.eos_token_id
         self.eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+        ignored = _not_applied(model.generation_config)
+        if ignored:
+            logger.warning(
+                "the model's generation_config sets %s, which this server does not apply: its greedy text "
+                "differs from model.generate's where they matter (clear them on the model to match)",
+                ", ".join(ignored),
+            )
 
     # -- called from the event loop ------------------------------------------------------------
 
@@ -225,7 +239,10 @@ class Service:
                     self._advance(newcomers)
                 except Exception as err:  # fail every request in flight rather than hang them
                     logger.exception("engine step failed")
-                    self._fail_all(newcomers, err)
+                    try:
+                        self._fail_all(newcomers, err)
+                    except Exception:  # noqa: BLE001 - the thread must outlive any one failure
+                        logger.exception("could not report the failure")
 
     def _advance(self, newcomers: list[Request]) -> None:
         start = time.perf_counter()
@@ -237,7 +254,14 @@ class Service:
             for request, seq in zip(newcomers, seqs, strict=True):
                 request.seq = seq
                 self._by_seq[id(seq)] = request
-            self.engine.admit(seqs, [r.prompt_ids for r in newcomers])
+            try:
+                self.engine.admit(seqs, [r.prompt_ids for r in newcomers])
+            except AdmissionError as err:  # their own prefill failed: the running requests go on
+                logger.exception("admitting %d request(s) failed", len(newcomers))
+                for request in newcomers:
+                    self._by_seq.pop(id(request.seq), None)
+                    self._post(request, Event([], f"error: {err}"))
+                newcomers = []
         if self.engine.active:
             self.engine.step()
         for request in running + newcomers:
@@ -257,15 +281,36 @@ class Service:
         own_n = request.lookahead[1] if request.lookahead else None
         seq.max_candidates, seq.ngram_size = g, (None if own_n is None else n)
         seq.criteria = StoppingCriteriaList([EosTokenCriteria(self.eos)]) if self.eos else None
+        processors = self._model_processors(len(request.prompt_ids))
         if request.temperature > 0:
-            warpers = [TemperatureLogitsWarper(request.temperature)]
+            processors.append(TemperatureLogitsWarper(request.temperature))
             if request.top_k:
-                warpers.append(TopKLogitsWarper(request.top_k))
+                processors.append(TopKLogitsWarper(request.top_k))
             if request.top_p < 1.0:
-                warpers.append(TopPLogitsWarper(request.top_p))
-            seq.processors = LogitsProcessorList(warpers)
+                processors.append(TopPLogitsWarper(request.top_p))
             seq.seed = request.seed if request.seed is not None else random.getrandbits(63)
+        seq.processors = LogitsProcessorList(processors) if processors else None
         return seq
+
+    def _model_processors(self, prompt_length: int) -> list:
+        """The logits processors that the model's own generation_config gives every
+        ``model.generate`` call (a model may ship a repetition_penalty), in transformers' order;
+        those this server does not build are named at start (``_not_applied``)."""
+        config, eos = self.model.generation_config, torch.tensor(self.eos, dtype=torch.long)
+        out = []
+        if config.repetition_penalty is not None and config.repetition_penalty != 1.0:
+            out.append(RepetitionPenaltyLogitsProcessor(config.repetition_penalty))
+        if config.no_repeat_ngram_size:
+            out.append(NoRepeatNGramLogitsProcessor(config.no_repeat_ngram_size))
+        if config.bad_words_ids is not None:
+            out.append(NoBadWordsLogitsProcessor(config.bad_words_ids, eos))
+        if config.min_length and self.eos:
+            out.append(MinLengthLogitsProcessor(config.min_length, eos))
+        if config.min_new_tokens and self.eos:
+            out.append(MinNewTokensLengthLogitsProcessor(prompt_length, config.min_new_tokens, eos))
+        if config.suppress_tokens is not None:
+            out.append(SuppressTokensLogitsProcessor(config.suppress_tokens))
+        return out
 
     def _finished(self, seq: SeqState) -> None:
         """Called by the engine when a sequence leaves the batch: feed the warm pool."""
@@ -285,11 +330,30 @@ class Service:
                 return
             reason = "stop" if seq.stopped_at is not None else "length"
         if new or reason:
-            request.loop.call_soon_threadsafe(request.events.put_nowait, Event(new, reason))
+            self._post(request, Event(new, reason))
+
+    def _post(self, request: Request, event: Event) -> None:
+        """Hand ``event`` to the request's event loop; a loop that has closed (its caller left
+        without cancelling) cancels the request instead of stopping the engine thread."""
+        try:
+            request.loop.call_soon_threadsafe(request.events.put_nowait, event)
+        except RuntimeError:
+            request.cancelled = True
+            if request.seq is not None:
+                self.engine.cancel(request.seq)
 
     def _fail_all(self, newcomers: list[Request], err: Exception) -> None:
         requests = {id(r): r for r in [*self._by_seq.values(), *newcomers]}
         self._by_seq.clear()
         self.engine.active = []
         for request in requests.values():
-            request.loop.call_soon_threadsafe(request.events.put_nowait, Event([], f"error: {err}"))
+            self._post(request, Event([], f"error: {err}"))
+
+
+# generation_config fields that change what plain generate emits, beyond those _model_processors builds
+_OTHER_OUTPUT_FIELDS = ("sequence_bias", "forced_bos_token_id", "forced_eos_token_id",
+                        "exponential_decay_length_penalty", "begin_suppress_tokens", "watermarking_config")  # fmt: skip
+
+
+def _not_applied(config) -> list[str]:
+    return [name for name in _OTHER_OUTPUT_FIELDS if getattr(config, name, None) is not None]

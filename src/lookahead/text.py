@@ -36,7 +36,9 @@ class TextDecoder:
         hits = [(full.find(s, max(0, len(self.text) - len(s))), s) for s in self.stop]
         hits = [(i, s) for i, s in hits if i >= 0]
         if hits:
-            at, _ = min(hits)
+            # the stop completed first, as token-by-token decoding would find it: the cut must not
+            # depend on how many tokens a step brought (overlapping stops, e.g. "fi" and "ef fibo")
+            at, _ = min(hits, key=lambda hit: (hit[0] + len(hit[1]), hit[0]))
             self.stopped, full = True, full[:at]
             while self.tokens_used > 1 and any(
                 s in self._decode(self.tokens[: self.tokens_used - 1]) for s in self.stop
