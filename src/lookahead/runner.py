@@ -306,12 +306,13 @@ class DecoderRunner:
         their outputs are never read, while their positions would index past a learned table or
         change every token's rotary frequencies."""
         spec = self.spec
-        if spec.max_positions is None and spec.rope_threshold is None:
+        limit = spec.context_limit  # no sequence's limit is below limit - 1 (MaskSpec.position_limit)
+        if limit is None:
             return positions
         t_positions = self.n_cached.tolist()
-        highest = [spec.position_limit(p) for p in t_positions]
-        if all(h is None or p + reach <= h for p, h in zip(t_positions, highest, strict=True)):
+        if max(t_positions) + reach < limit:  # every step far from its limits: one comparison
             return positions
+        highest = [spec.position_limit(p) for p in t_positions]
         big = torch.iinfo(torch.long).max
         caps = torch.tensor([big if h is None else h for h in highest])[:, None]
         return torch.minimum(positions, _send(caps, positions.device))
