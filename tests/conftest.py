@@ -1,8 +1,28 @@
+import os
+
 import pytest
 import torch
 from tiny_models import SHARED
 
 torch.set_num_threads(2)
+
+
+def pytest_configure(config):
+    """The suite keeps its own cache, a folder of the user's: a cost curve timed while the tests load
+    the machine would otherwise price every later run of that model. It persists between runs, so
+    the suite times each curve once; the bundled models already converted in the user's cache are
+    linked into it, not converted again. Subprocesses (the server tests) inherit it through the
+    environment."""
+    from lookahead.models import BUNDLED, cache_dir
+
+    user_cache = cache_dir()
+    test_cache = user_cache / "test-suite"
+    test_cache.mkdir(parents=True, exist_ok=True)
+    for name in BUNDLED:
+        link = test_cache / name
+        if not link.exists() and not link.is_symlink() and (user_cache / name / "config.json").exists():
+            link.symlink_to(user_cache / name, target_is_directory=True)
+    os.environ["LOOKAHEAD_CACHE"] = str(test_cache)
 
 
 class ForwardCounter:
