@@ -387,6 +387,33 @@ def test_a_vanishing_temperature_is_greedy_not_an_overflow():
         assert parse_request({**body, "temperature": value}, False, "m", None, 512, 16, 96).temperature == expected
 
 
+def test_sampling_fields_a_request_leaves_out_come_from_the_server_defaults():
+    """A model's generation_config may set temperature/top_p/top_k (Qwen2.5-Instruct: 0.7, 0.8, 20):
+    a request that leaves one out gets the model's, as vLLM and SGLang serve it; what it sets wins."""
+    from transformers import GenerationConfig
+
+    from lookahead.api import SamplingDefaults, parse_request
+
+    model_defaults, skipped = SamplingDefaults.from_generation_config(
+        GenerationConfig(temperature=0.7, top_p=0.8, top_k=20)
+    )
+    assert model_defaults == SamplingDefaults(0.7, 0.8, 20) and skipped == []
+    assert SamplingDefaults.from_generation_config(GenerationConfig()) == (SamplingDefaults(), [])
+    odd, skipped = SamplingDefaults.from_generation_config(GenerationConfig(temperature=3.0, top_p=1.5, top_k=0))
+    assert odd == SamplingDefaults() and skipped == ["temperature=3.0", "top_p=1.5"]  # top_k 0: no cut
+
+    body = {"model": "m", "prompt": [5, 6, 7], "max_tokens": 2}
+
+    def parse(extra, defaults):
+        parsed = parse_request({**body, **extra}, False, "m", None, 512, 16, 96, defaults)
+        return parsed.temperature, parsed.top_p, parsed.top_k
+
+    assert parse({}, model_defaults) == (0.7, 0.8, 20)
+    assert parse({}, SamplingDefaults()) == (1.0, 1.0, None)  # OpenAI's
+    assert parse({"temperature": 0.2, "top_k": 0}, model_defaults) == (0.2, 0.8, None)  # the request's own win
+    assert parse({"temperature": 0}, model_defaults)[0] == 0.0  # greedy stays greedy
+
+
 def test_chat_template_errors_are_400_naming_messages():
     from lookahead.api import ApiError, parse_request
 

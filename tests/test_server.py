@@ -48,10 +48,10 @@ def _free_port() -> int:
 
 
 class Server:
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, model: str = "smollm2") -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "lookahead.cli", "serve", "--model", "smollm2", "--dtype", "float32"]
+        cmd = [sys.executable, "-m", "lookahead.cli", "serve", "--model", model, "--dtype", "float32"]
         cmd += ["--port", str(self.port), "-W", "0", "-N", "4", "-G", "4", *args]
         self.log = tempfile.TemporaryFile(mode="w+")  # read back when the server fails
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, text=True)
@@ -364,3 +364,31 @@ def test_sigterm_finishes_requests_in_flight_then_exits_0(smollm2):
         assert server.proc.wait(timeout=60) == 0
     finally:
         server.stop()
+
+
+def test_a_request_without_sampling_fields_gets_the_model_s_generation_config(tmp_path, smollm2):
+    """A checkpoint whose generation_config sets top_k=1: a request that leaves top_k out samples
+    from the likeliest token alone, greedy's text whatever its seed, as vLLM serves such a model;
+    one that sets top_k itself gets its own."""
+    folder = tmp_path / "smollm2-top1"
+    folder.mkdir()
+    for item in models.resolve("smollm2").iterdir():
+        (folder / item.name).symlink_to(item)
+    (folder / "generation_config.json").unlink()
+    config = smollm2[0].generation_config.to_dict() | {"temperature": 0.7, "top_k": 1}
+    (folder / "generation_config.json").write_text(__import__("json").dumps(config))
+    server = Server("--max-batch-size", "2", model=str(folder))
+    try:
+        api = client(server)
+
+        def complete(**extra) -> str:
+            out = api.completions.create(model=str(folder), prompt="Once upon a time", max_tokens=24, **extra)
+            return out.choices[0].text
+
+        greedy = reference(smollm2, "Once upon a time", 24)
+        assert [complete(seed=seed) for seed in (1, 2, 3)] == [greedy] * 3  # top_k=1: greedy's text, any seed
+        own = [complete(seed=seed, temperature=1.5, extra_body={"top_k": 0}) for seed in (1, 2, 3)]
+        assert any(text != greedy for text in own)  # the request's own top_k (no cut) samples
+        assert "gets temperature=0.7, top_k=1 (the model's generation_config" in server.output()
+    finally:
+        assert server.stop() == 0

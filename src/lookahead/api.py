@@ -5,10 +5,15 @@ What is not implemented is refused by name (400), never silently ignored: ``n`` 
 and so are ``max_tokens`` and ``max_completion_tokens`` together (as OpenAI refuses them).
 Extensions: ``top_k``, and ``lookahead: {window_size, ngram_size, max_candidates}`` (each capped
 by the server's own setting; one left out is the server's).
+
+A request that leaves out ``temperature``, ``top_p`` or ``top_k`` gets the server's
+:class:`SamplingDefaults`: by default those of the model's own ``generation_config`` where it sets
+them (as vLLM and SGLang do), else OpenAI's (temperature 1, no top-p or top-k cut).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 # fields that change nothing about the output, accepted as OpenAI accepts them
@@ -52,6 +57,50 @@ class ApiError(Exception):
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """What a request that leaves out ``temperature``, ``top_p`` or ``top_k`` samples with;
+    the bare instance is OpenAI's defaults."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+
+    @classmethod
+    def from_generation_config(cls, config) -> tuple[SamplingDefaults, list[str]]:
+        """The defaults a model's ``generation_config`` sets (OpenAI's for the fields it leaves
+        unset), and a note for each value it sets that a request could not ask for, which is
+        left out: the server logs those. ``do_sample`` is not read: on this API a request is
+        greedy by ``temperature: 0``."""
+        found, skipped = {}, []
+        for name, valid in (
+            ("temperature", lambda v: 0 <= v <= 2),
+            ("top_p", lambda v: 0 <= v <= 1),
+            ("top_k", lambda v: float(v).is_integer() and v >= 0),
+        ):
+            value = getattr(config, name, None)
+            if value is None:
+                continue
+            number = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+            if not number or not valid(value):
+                skipped.append(f"{name}={value!r}")
+                continue
+            found[name] = value
+        if "top_k" in found:
+            found["top_k"] = int(found["top_k"]) or None  # 0: no cut, as a request's top_k 0
+        if "temperature" in found and found["temperature"] < MIN_TEMPERATURE:
+            found["temperature"] = 0.0
+        return cls(**found), skipped
+
+    def describe(self) -> str:
+        parts = [f"temperature={self.temperature:g}"]
+        if self.top_p < 1.0:
+            parts.append(f"top_p={self.top_p:g}")
+        if self.top_k:
+            parts.append(f"top_k={self.top_k}")
+        return ", ".join(parts)
 
 
 @dataclass
@@ -163,9 +212,17 @@ def _lookahead(body: dict) -> tuple[int | None, int | None, int | None] | None:
 
 
 def parse_request(
-    body, chat: bool, model_name: str, tokenizer, max_positions: int | None, default_max_tokens: int, vocab_size: int
+    body,
+    chat: bool,
+    model_name: str,
+    tokenizer,
+    max_positions: int | None,
+    default_max_tokens: int,
+    vocab_size: int,
+    defaults: SamplingDefaults = SamplingDefaults(),
 ) -> ParsedRequest:
-    """Check a request body; raises :class:`ApiError` naming the field at fault."""
+    """Check a request body; raises :class:`ApiError` naming the field at fault. A sampling field
+    left out takes its value from ``defaults``."""
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object", "invalid_value")
     model = body.get("model")
@@ -204,15 +261,15 @@ def parse_request(
     options = body.get("stream_options")
     if options is not None and (not stream or not isinstance(options, dict) or set(options) - {"include_usage"}):
         raise _bad("stream_options", "'stream_options' takes {include_usage: bool}, and only with stream: true")
-    top_k = _int(body, "top_k", 0)
-    temperature = _number(body, "temperature", 0.0, 2.0, 1.0)
+    top_k = _int(body, "top_k", 0, defaults.top_k)
+    temperature = _number(body, "temperature", 0.0, 2.0, defaults.temperature)
     if temperature < MIN_TEMPERATURE:  # logits divided by 1e-45 overflow: its limit, greedy, instead
         temperature = 0.0
     return ParsedRequest(
         prompt_ids=ids,
         max_tokens=max_tokens,
         temperature=temperature,
-        top_p=_number(body, "top_p", 0.0, 1.0, 1.0),  # 0 keeps the likeliest token alone, as OpenAI's
+        top_p=_number(body, "top_p", 0.0, 1.0, defaults.top_p),  # 0 keeps the likeliest token alone, as OpenAI's
         top_k=top_k or None,
         seed=_int(body, "seed"),
         stop=stop,

@@ -103,6 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/*")
     serve.add_argument("--plain", action="store_true", help="one-token steps only: the baseline to measure against")
     serve.add_argument("--no-shared-pool", action="store_true", help="do not share n-grams across requests")
+    serve.add_argument(
+        "--sampling-defaults",
+        choices=("model", "openai"),
+        default="model",
+        help="what a request that leaves out temperature/top_p/top_k gets: the model's generation_config "
+        "where it sets them (default), or OpenAI's (temperature 1, no cut)",
+    )
     serve.add_argument("-W", "--window-size", type=int, help="server-wide W (default: picked for the device)")
     serve.add_argument("-N", "--ngram-size", type=int, help="server-wide N")
     serve.add_argument("-G", "--max-candidates", type=int, help="server-wide G")
@@ -324,6 +331,7 @@ def _serve(args) -> int:
     except ImportError as err:
         raise ValueError("lookahead serve needs the server's extras: pip install 'lookahead-decoding[serve]'") from err
 
+    from .api import SamplingDefaults
     from .decoding import Lookahead
     from .metrics import Metrics
     from .pool import SharedPool
@@ -356,11 +364,16 @@ def _serve(args) -> int:
         on_step=metrics.on_step,
     )  # fmt: skip
     tokenizer = loaded["tokenizer"]
-    app = create_app(service, tokenizer, ServerSettings(model_name=args.model, api_key=args.api_key), metrics)
+    sampling = SamplingDefaults() if args.sampling_defaults == "openai" else None
+    settings = ServerSettings(model_name=args.model, api_key=args.api_key, sampling=sampling)
+    app = create_app(service, tokenizer, settings, metrics)
     mode = (
         "plain one-token steps" if args.plain else f"lookahead {cfg.window_size}/{cfg.ngram_size}/{cfg.max_candidates}"
     )
     print(f"lookahead: serving {args.model} ({args.dtype}, {mode}) on http://{args.host}:{args.port}", file=sys.stderr)
+    origin = "OpenAI's" if args.sampling_defaults == "openai" else "the model's generation_config, else OpenAI's"
+    print(f"lookahead: a request that leaves out a sampling field gets {app.state.sampling_defaults.describe()} "
+          f"({origin})", file=sys.stderr)  # fmt: skip
     # uvicorn stops admission on SIGTERM/SIGINT, waits for the requests in flight, then re-raises
     # the signal to the handler it found: a no-op one lets the process exit 0 once drained
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import logging
 import time
 import uuid
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice
 from openai.types.chat.chat_completion_chunk import ChoiceDelta
 from starlette.exceptions import HTTPException
 
-from .api import ApiError, parse_request
+from .api import ApiError, SamplingDefaults, parse_request
 from .metrics import Metrics
 from .service import QueueFullError, Service, ShuttingDownError
 from .service import Request as GenRequest
@@ -36,12 +37,17 @@ from .text import TextDecoder
 
 POLL = 0.25  # seconds between checks that a waiting client is still connected
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass
 class ServerSettings:
     model_name: str
     api_key: str | None = None
     default_max_tokens: int = 512
+    # what a request that leaves out temperature / top_p / top_k samples with; None: the model's
+    # generation_config where it sets them, OpenAI's defaults where not (SamplingDefaults() alone)
+    sampling: SamplingDefaults | None = None
 
 
 def create_app(service: Service, tokenizer, settings: ServerSettings, metrics: Metrics) -> FastAPI:
@@ -56,6 +62,14 @@ def create_app(service: Service, tokenizer, settings: ServerSettings, metrics: M
         raise ValueError("the API key is empty: an empty bearer token would be let in; give a key, or None")
     app = FastAPI(title="lookahead", lifespan=lifespan)
     max_positions = service.spec.context_limit  # the position table, or a RoPE threshold (see MaskSpec)
+    sampling = settings.sampling
+    if sampling is None:
+        sampling, skipped = SamplingDefaults.from_generation_config(service.model.generation_config)
+        if skipped:
+            logger.warning("the model's generation_config sets %s, out of a request's range: not used as a default",
+                           ", ".join(skipped))  # fmt: skip
+    app.state.sampling_defaults = sampling
+    logger.debug("a request that leaves out a sampling field gets %s", sampling.describe())
     # ids a client may send: known to the tokenizer and to the model's embedding table
     vocab_size = min(len(tokenizer), service.model.get_input_embeddings().num_embeddings)
 
@@ -112,7 +126,7 @@ def create_app(service: Service, tokenizer, settings: ServerSettings, metrics: M
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise ApiError(400, f"the body is not valid JSON: {err}") from err
         parsed = parse_request(
-            body, chat, settings.model_name, tokenizer, max_positions, settings.default_max_tokens, vocab_size
+            body, chat, settings.model_name, tokenizer, max_positions, settings.default_max_tokens, vocab_size, sampling
         )
         gen = GenRequest(
             prompt_ids=parsed.prompt_ids,
