@@ -7,7 +7,7 @@ import pytest
 from tiny_models import repetitive_prompt, tiny_model
 
 from lookahead import Lookahead
-from lookahead.bound import clairvoyant_bound, matched, suffix_candidates
+from lookahead.bound import clairvoyant_bound, matched, prompt_lookup_candidates, suffix_candidates
 from lookahead.tuning import CostCurve
 
 FREE = CostCurve(((1, 1.0), (128, 1.0)))  # width costs nothing: the bound counts forward passes
@@ -21,6 +21,57 @@ def test_suffix_candidates_follow_every_earlier_occurrence_of_the_longest_suffix
     assert suffix_candidates([1, 2, 3], length=3) == []  # nothing repeats
     assert suffix_candidates((4, 4, 4), length=2) == [(4,)]  # tuples too; "4 4" ended at 1 only
     assert matched((3, 4, 9), [3, 4, 5]) == 2 and matched((), [1]) == 0
+
+
+def test_prompt_lookup_candidates_are_transformers_own():
+    """The candidate transformers' prompt lookup verifies at each position (the earliest occurrence
+    of a suffix of at most 2 tokens), checked against its PromptLookupCandidateGenerator on random
+    texts over small vocabularies, where suffixes recur at many places."""
+    import random
+
+    import torch
+    from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+    rng = random.Random(0)
+    compared = differs_from_suffix_source = 0
+    for _ in range(60):
+        vocab = rng.choice([3, 5, 8])
+        prompt = [rng.randrange(vocab) for _ in range(rng.randint(2, 12))]
+        output = [rng.randrange(vocab) for _ in range(rng.randint(2, 20))]
+        ours = prompt_lookup_candidates(prompt, output, length=3)
+        for i in range(1, len(output)):
+            text = prompt + output[:i]
+            generator = PromptLookupCandidateGenerator(num_output_tokens=3, max_length=len(text) + 50)
+            ids, _ = generator.get_candidates(torch.tensor([text]))
+            theirs = tuple(ids[0, len(text) :].tolist())
+            assert ours.get(i, [()]) == [theirs], (prompt, output, i)
+            compared += 1
+            differs_from_suffix_source += bool(theirs) and theirs not in [c[:3] for c in suffix_candidates(text)]
+    assert compared > 500 and differs_from_suffix_source > 0  # it adds candidates the suffix source lacks
+
+
+def test_prompt_lookup_priced_never_beats_its_bound():
+    """Prompt lookup run on a text (its candidate at every step, paid for in full) never costs less
+    than the bench's bound for it: a bound over the suffix source alone did, by up to 1.9x."""
+    import random
+
+    from lookahead.bench import _bounds, methods_for
+
+    curve = CostCurve(((1, 1.0), (4, 1.05), (8, 1.2)))
+    lookup = next(m for m in methods_for() if m.name.startswith("prompt_lookup"))
+    rng, worst = random.Random(1), 0.0
+    for _ in range(400):
+        vocab = rng.choice([3, 4, 5])
+        prompt = [rng.randrange(vocab) for _ in range(rng.randint(3, 12))]
+        output = [rng.randrange(vocab) for _ in range(rng.randint(5, 25))]
+        found = prompt_lookup_candidates(prompt, output, length=3)
+        i, cost = 1, 0.0
+        while i < len(output):
+            candidate = found.get(i, [()])[0][: len(output) - 1 - i]
+            cost += curve(1 + len(candidate))
+            i += 1 + matched(candidate, output[i:])
+        worst = max(worst, (len(output) - 1) / cost / _bounds(prompt, output, curve, lookup)["bound_own_cap"])
+    assert worst <= 1.0 + 1e-9
 
 
 def test_bound_on_a_copied_span():

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from . import datasets
-from .bound import clairvoyant_bounds
+from .bound import clairvoyant_bounds, prompt_lookup_candidates
 from .decoding import Lookahead, model_cost_curve
 
 logger = logging.getLogger(__name__)
@@ -42,6 +42,9 @@ class Method:
     lookahead: Lookahead | None = None
     batches: bool = True  # runs on a batch of several prompts (transformers' prompt lookup does not)
     longest: int | None = None  # the longest candidate it verifies, where no Lookahead says (prompt lookup)
+    # (prompt, output) -> the candidates its loop had at each output position, where no Lookahead
+    # records them (prompt lookup's, recomputed from the text): the bound counts them too
+    candidates: Callable[[list[int], list[int]], dict] | None = None
 
 
 @dataclass
@@ -84,6 +87,7 @@ def methods_for(
             lambda: {"prompt_lookup_num_tokens": prompt_lookup_tokens},
             batches=False,
             longest=prompt_lookup_tokens,
+            candidates=lambda prompt, output: prompt_lookup_candidates(prompt, output, length=prompt_lookup_tokens),
         ),
         Method("lookahead(auto)", lambda: {"custom_generate": auto}, auto),
     ]
@@ -249,6 +253,8 @@ def _bounds(prompt: list[int], output: list[int], curve, method: Method) -> dict
     the method's own longest (lookahead: N - 1, or its draft length where it count-drafts;
     counting the candidates its loop had at hand)."""
     extra, own = None, method.longest
+    if method.candidates is not None:
+        extra = method.candidates(prompt, output)
     if method.lookahead is not None:
         extra = method.lookahead.last_candidates[0] if method.lookahead.last_candidates else None
         own = method.lookahead.last_stats.config.max_emitted - 1

@@ -19,7 +19,9 @@ The candidates at position i (the text before it: the prompt and the first i out
 every earlier occurrence of the longest suffix of that text (up to ``max_suffix`` tokens) seen
 earlier in it, and the up to ``cap`` tokens that followed each (SuffixDecoding's and prompt
 lookup's source); plus, where given, the candidates the decoding loop had at hand when a step
-started at i (its n-gram pool, the window's n-grams, the shared pool).
+started at i (its n-gram pool, the window's n-grams, the shared pool; for transformers' prompt
+lookup, :func:`prompt_lookup_candidates`, which takes the earliest occurrence of a suffix of at
+most 2 tokens and is often not among the former).
 """
 
 from __future__ import annotations
@@ -49,6 +51,26 @@ def suffix_candidates(text: Sequence[int], max_suffix: int = 4, length: int = 7)
         if ends:
             return [tuple(text[e + 1 : e + 1 + length]) for e in reversed(ends)]
     return []
+
+
+def prompt_lookup_candidates(
+    prompt: Sequence[int], output: Sequence[int], max_ngram: int = 2, length: int = 10
+) -> dict[int, list[tuple[int, ...]]]:
+    """The candidate transformers' prompt lookup (``prompt_lookup_num_tokens=length``,
+    ``max_matching_ngram_size=max_ngram``) verifies at each output position i of ``output``: for
+    the longest suffix of the text before i (up to ``max_ngram`` tokens) found earlier in it, the
+    up to ``length`` tokens after its earliest occurrence that has any."""
+    text = [*prompt, *output]
+    found = {}
+    for i in range(1, len(output)):
+        end = len(prompt) + i  # the text before output position i
+        for m in range(min(max_ngram, end - 1), 0, -1):
+            suffix = text[end - m : end]
+            start = next((s + m for s in range(end - m) if text[s : s + m] == suffix), None)
+            if start is not None:
+                found[i] = [tuple(text[start : min(start + length, end)])]
+                break
+    return found
 
 
 def matched(candidate: Sequence[int], target: Sequence[int]) -> int:
