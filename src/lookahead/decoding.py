@@ -210,7 +210,13 @@ class Lookahead:
         for seq in seqs:
             seq.processors, seq.criteria, seq.batch_size = logits_processor, stopping_criteria, batch
             seq.trace = {} if self.record_candidates else None
-            seq.do_sample = bool(generation_config.do_sample)
+        if generation_config.do_sample:
+            # each sequence draws its tokens from Gumbel noise keyed by (its seed, position), one seed
+            # per sequence from torch's global generator: its text is then a function of that seed and
+            # its prompt alone, whatever the candidates, the step shapes, or what this instance's
+            # drafter learnt on earlier calls (verify.position_noise)
+            for seq, seed in zip(seqs, torch.randint(0, 2**63 - 1, (batch,)).tolist(), strict=True):
+                seq.seed = seed
         chooser = make_chooser(model, cfg, spec, batch, self.cost_curve)
         drafter = make_drafter(cfg, spec, batch, chooser.curve)
         if drafter is not None:

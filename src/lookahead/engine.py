@@ -7,8 +7,8 @@ Each step (:meth:`Engine.step`) is one forward pass over every active sequence:
 1. plan: a lone sequence drafts a token tree from counts (``lookahead.drafting``); a batch
    chooses how wide to step (``lookahead.tuning``); then each sequence's candidates;
 2. run t, the window and the candidates through the model (``lookahead.runner``);
-3. verify each sequence: greedy, seeded sampling (position-keyed noise), or transformers'
-   sampling (the multi-draft rule); accepted tokens plus the bonus token;
+3. verify each sequence: against its greedy choices, or, when it samples, against draws from
+   noise keyed by (its seed, position); accepted tokens plus the bonus token;
 4. emit them one by one through each sequence's stopping criteria;
 5. commit: keep exactly the committed tokens in the cache, shift the windows, pool the new
    n-grams; sequences that finished (or were cancelled) leave the batch.
@@ -44,7 +44,7 @@ from .sequences import (
 from .step import Scorer
 from .support import MaskSpec
 from .tuning import WidthChooser, match_lengths
-from .verify import Verdict, position_noise, verify_greedy, verify_sampling
+from .verify import Verdict, position_noise, verify_greedy
 
 
 class Engine:
@@ -118,7 +118,7 @@ class Engine:
             if seq.seed is not None:
                 first = scorer.seeded_choice(0, position_noise(seq.seed, len(seq.committed), logits.shape[-1]))
             else:
-                first = scorer.sample(0) if seq.do_sample else scorer.choice(0)
+                first = scorer.choice(0)
             self.emitter.emit(seq, [first], [0], scorer)
             self._pool_output(seq, 1)
             seq.steps += 1
@@ -279,8 +279,6 @@ class Engine:
 
             first = draw(layout.t_slot, base)
             return verify_greedy(first, seq.candidates, lambda k, j: draw(layout.candidate_slots[k][j], base + j + 1))
-        if seq.do_sample:
-            return verify_sampling(seq.candidates, scorer.distribution)
         return verify_greedy(scorer.choice(layout.t_slot), seq.candidates, scorer.candidate_choice)
 
     # -- bookkeeping -----------------------------------------------------------------------------

@@ -40,8 +40,7 @@ class SeqState:
     max_length: int  # len(ids) at which the sequence ends
     processors: object = None  # LogitsProcessorList or None (greedy argmax of the raw logits)
     criteria: object = None  # StoppingCriteriaList called with (ids [1, S], scores)
-    do_sample: bool = False
-    seed: int | None = None  # sampling from position-keyed noise (see verify.position_noise)
+    seed: int | None = None  # sampling: draws from noise keyed by (seed, position) (see verify.position_noise)
     batch_size: int = 1  # size of the batch the processors were built for
     max_candidates: int | None = None  # this sequence's own cap on G (None: the engine's)
     ngram_size: int | None = None  # this sequence's own cap on N

@@ -209,10 +209,6 @@ class Scorer:
     def raw_choice(self, slot: int) -> int:
         return self._argmax[self._index(slot)]
 
-    def sample(self, slot: int) -> int:
-        """Draw from the processed distribution of ``slot``, as transformers' sampling does."""
-        return int(torch.multinomial(torch.softmax(self.processed(slot), dim=-1), num_samples=1))
-
     def processed(self, slot: int) -> torch.Tensor:  # [V] float32
         if self.processors is None:
             return self.raw(slot)
@@ -243,8 +239,3 @@ class Scorer:
 
     def candidate_choice(self, k: int, j: int) -> int:
         return self.choice(self.layout.candidate_slots[k][j])
-
-    def distribution(self, k: int | None, depth: int) -> torch.Tensor:  # [V], sums to 1
-        """Sampling distribution after t (depth 0) or after token depth-1 of candidate k."""
-        slot = self.layout.t_slot if depth == 0 else self.layout.candidate_slots[k][depth - 1]
-        return torch.softmax(self.processed(slot), dim=-1)

@@ -1,4 +1,9 @@
-"""Verification of candidate n-grams, greedy and sampling.
+"""Verification of candidate n-grams, greedy and sampled.
+
+Sampling is greedy verification against draws: each position's token is the argmax of its
+processed logits plus Gumbel noise keyed by (the sequence's seed, the position)
+(:func:`position_noise`), an exact draw from the processed distribution; a candidate token is
+accepted when it equals the draw at its position.
 
 Glossary:
 * **accepted tokens**: candidate tokens that equal the model's own greedy choice at their position;
@@ -62,54 +67,6 @@ def verify_greedy(
         path.append((chosen, depth))
         depth += 1
     return Verdict(emitted=tuple(emitted), candidate=chosen, path=tuple(path))
-
-
-def verify_sampling(
-    candidates: Sequence[Sequence[int]],
-    distribution: Callable[[int | None, int], torch.Tensor],
-) -> Verdict:
-    """Lossless verification of deterministic drafts under sampling (multi-draft speculative sampling).
-
-    ``distribution(k, d)`` is the model's processed next-token distribution ([V], sums to 1) at
-    depth d: after t for d = 0 (k is None), after token d-1 of candidate k otherwise.
-
-    At each depth, the distinct next tokens x of the candidates still alive are tried in turn:
-    x is accepted with probability p(x); on rejection p(x) is set to 0 and p renormalised. Once a
-    token is accepted, only the candidates that continue with it stay alive. If all are rejected
-    (or none is left), the token is drawn from the residual p, and the step ends. The emitted token
-    is therefore distributed exactly as p: P(x1) = p(x1), P(x2) = (1 - p(x1)) p(x2) / (1 - p(x1)),
-    and so on, with the residual covering the rest. After a full match the residual is p itself:
-    the bonus token. Randomness comes from torch's global generator (``torch.manual_seed``).
-    """
-    emitted: list[int] = []
-    path: list[tuple[int, int]] = []
-    alive = list(range(len(candidates)))
-    chosen = None
-    depth = 0
-    p = distribution(None, 0).double().clone()
-    while True:
-        proposals = dict.fromkeys(candidates[k][depth] for k in alive if depth < len(candidates[k]))
-        token = None
-        for x in proposals:
-            px = p[x].item()
-            if torch.rand((), dtype=torch.float64).item() < px:
-                token = int(x)
-                break
-            p[x] = 0.0
-            total = p.sum()
-            if total <= 0:  # x held all the mass (up to rounding): it is the only possible outcome
-                token = int(x)
-                break
-            p /= total
-        if token is None:  # every proposal rejected, or none left: draw from the residual
-            emitted.append(int(torch.multinomial(p, 1).item()))
-            return Verdict(emitted=tuple(emitted), candidate=chosen, path=tuple(path))
-        emitted.append(token)
-        alive = [k for k in alive if depth < len(candidates[k]) and candidates[k][depth] == token]
-        chosen = alive[0]
-        path.append((chosen, depth))
-        depth += 1
-        p = distribution(chosen, depth).double().clone()
 
 
 def position_noise(seed: int, index: int, vocab: int) -> torch.Tensor:  # [V] float64
