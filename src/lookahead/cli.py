@@ -371,8 +371,11 @@ def _serve(args) -> int:
         "plain one-token steps" if args.plain else f"lookahead {cfg.window_size}/{cfg.ngram_size}/{cfg.max_candidates}"
     )
     print(f"lookahead: serving {args.model} ({args.dtype}, {mode}) on http://{args.host}:{args.port}", file=sys.stderr)
-    origin = "OpenAI's" if args.sampling_defaults == "openai" else "the model's generation_config, else OpenAI's"
-    print(f"lookahead: a request that leaves out a sampling field gets {app.state.sampling_defaults.describe()} "
+    defaults = app.state.sampling_defaults
+    origin = "the model's generation_config; OpenAI's where it sets none"
+    if defaults == SamplingDefaults():
+        origin = "OpenAI's"
+    print(f"lookahead: a request that leaves out a sampling field gets {defaults.describe()} "
           f"({origin})", file=sys.stderr)  # fmt: skip
     # uvicorn stops admission on SIGTERM/SIGINT, waits for the requests in flight, then re-raises
     # the signal to the handler it found: a no-op one lets the process exit 0 once drained
