@@ -328,6 +328,43 @@ def test_a_failed_admission_fails_the_newcomers_only():
     assert lost == [] and error.startswith("error:") and "simulated out of memory" in error
 
 
+def test_a_request_whose_settings_cannot_be_built_fails_alone():
+    """A request whose sampling processors refuse its settings (a top_k of -1, sent by a program
+    embedding the service) fails before anything runs; the request running beside it goes on,
+    exactly. An integer temperature (a generation_config may hold 1 for 1.0) samples."""
+    model = tiny_model("llama")
+    service = Service(model, LookaheadConfig(0, 4, 4), max_batch_size=4, max_queue=4)
+    running, other = repetitive_prompt(24, 0)[0].tolist(), repetitive_prompt(11, 1)[0].tolist()
+    long = 200
+
+    async def collect(request):
+        tokens, reason = [], None
+        while reason is None:
+            event = await request.events.get()
+            tokens, reason = tokens + event.tokens, event.finish_reason
+        return tokens, reason
+
+    async def main():
+        first = Request(prompt_ids=running, max_tokens=long)
+        service.submit(first)
+        event = await first.events.get()  # it runs: now the newcomers come
+        bad = Request(prompt_ids=other, max_tokens=8, temperature=0.5, top_k=-1)
+        whole = Request(prompt_ids=other, max_tokens=8, temperature=1, seed=3)
+        service.submit(bad)
+        service.submit(whole)
+        rest = await collect(first)
+        return (event.tokens + rest[0], rest[1]), await collect(bad), await collect(whole)
+
+    try:
+        (tokens, reason), (lost, error), (sampled, sampled_reason) = asyncio.run(asyncio.wait_for(main(), 120))
+    finally:
+        service.shutdown(timeout=30)
+    expected = model.generate(torch.tensor([running]), max_new_tokens=long, do_sample=False)
+    assert tokens == expected[0, len(running) :].tolist() and reason in ("length", "stop")
+    assert lost == [] and error.startswith("error:") and "top_k" in error
+    assert len(sampled) == 8 and sampled_reason == "length"
+
+
 def test_a_caller_whose_event_loop_closed_does_not_stop_the_engine():
     """A request's events go to its caller's event loop; one that closed while its request ran
     (the caller left without cancelling) cancels that request, and the engine serves the next."""
@@ -399,6 +436,8 @@ def test_sampling_fields_a_request_leaves_out_come_from_the_server_defaults():
     )
     assert model_defaults == SamplingDefaults(0.7, 0.8, 20) and skipped == []
     assert SamplingDefaults.from_generation_config(GenerationConfig()) == (SamplingDefaults(), [])
+    whole, _ = SamplingDefaults.from_generation_config(GenerationConfig(temperature=1, top_p=1))
+    assert type(whole.temperature) is float and type(whole.top_p) is float  # transformers' warpers take floats
     odd, skipped = SamplingDefaults.from_generation_config(GenerationConfig(temperature=3.0, top_p=1.5, top_k=0))
     assert odd == SamplingDefaults() and skipped == ["temperature=3.0", "top_p=1.5"]  # top_k 0: no cut
 

@@ -88,6 +88,9 @@ class SamplingDefaults:
                 skipped.append(f"{name}={value!r}")
                 continue
             found[name] = value
+        for name in ("temperature", "top_p"):  # a config may hold 1 for 1.0; transformers' warpers take floats
+            if name in found:
+                found[name] = float(found[name])
         if "top_k" in found:
             found["top_k"] = int(found["top_k"]) or None  # 0: no cut, as a request's top_k 0
         if "temperature" in found and found["temperature"] < MIN_TEMPERATURE:
@@ -135,7 +138,7 @@ def _int(body: dict, name: str, low: int | None = None, default=None):
 def _number(body: dict, name: str, low: float, high: float, default: float) -> float:
     value = body.get(name)
     if value is None:
-        return default
+        return float(default)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _bad(name, f"'{name}' must be a number, got {value!r}")
     if not low <= value <= high:

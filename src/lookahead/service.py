@@ -250,10 +250,9 @@ class Service:
         before = (stats.steps, stats.sequence_steps, stats.new_tokens)
         running = list(self._by_seq.values())
         if newcomers:
-            seqs = [self._sequence(r) for r in newcomers]
-            for request, seq in zip(newcomers, seqs, strict=True):
-                request.seq = seq
-                self._by_seq[id(seq)] = request
+            newcomers = self._set_up(newcomers)
+        if newcomers:
+            seqs = [request.seq for request in newcomers]
             try:
                 self.engine.admit(seqs, [r.prompt_ids for r in newcomers])
             except AdmissionError as err:  # their own prefill failed: the running requests go on
@@ -271,6 +270,21 @@ class Service:
             deltas = [b - a for a, b in zip(before, after, strict=True)]
             self.on_step(time.perf_counter() - start, len(self.engine.active), *deltas)
 
+    def _set_up(self, newcomers: list[Request]) -> list[Request]:
+        """Each newcomer's sequence; one whose settings cannot be built (its processors refuse
+        them) fails alone, before anything runs, and the others go on."""
+        ready = []
+        for request in newcomers:
+            try:
+                request.seq = self._sequence(request)
+            except Exception as err:
+                logger.exception("setting up a request failed")
+                self._post(request, Event([], f"error: {err}"))
+                continue
+            self._by_seq[id(request.seq)] = request
+            ready.append(request)
+        return ready
+
     def _sequence(self, request: Request) -> SeqState:
         w, n, g = request.settings(self.cfg)
         cfg = dataclasses.replace(self.cfg, window_size=w)
@@ -283,11 +297,11 @@ class Service:
         seq.criteria = StoppingCriteriaList([EosTokenCriteria(self.eos)]) if self.eos else None
         processors = self._model_processors(len(request.prompt_ids))
         if request.temperature > 0:
-            processors.append(TemperatureLogitsWarper(request.temperature))
+            processors.append(TemperatureLogitsWarper(float(request.temperature)))
             if request.top_k:
                 processors.append(TopKLogitsWarper(request.top_k))
             if request.top_p < 1.0:
-                processors.append(TopPLogitsWarper(request.top_p))
+                processors.append(TopPLogitsWarper(float(request.top_p)))
             seq.seed = request.seed if request.seed is not None else random.getrandbits(63)
         seq.processors = LogitsProcessorList(processors) if processors else None
         return seq
