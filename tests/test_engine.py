@@ -231,6 +231,18 @@ def test_position_noise_samples_the_processed_distribution_exactly():
     assert torch.equal(position_noise(1, 5, 8), position_noise(1, 5, 8))
 
 
+def test_position_noise_uses_every_bit_of_the_seed():
+    """torch's CPU generator keeps 32 bits of its seed: with a linear key, seeds equal modulo 2**32
+    drew the same noise at every position (two 40-token texts from two torch seeds came out the
+    same), and one seed's noise was another's one position on. Hashed, they differ."""
+    firsts = {tuple(position_noise(12345 + k * 2**32, 0, 8).tolist()) for k in range(64)}
+    assert len(firsts) == 64
+    assert not torch.equal(position_noise(2709260366, 0, 8), position_noise(12345, 1, 8))  # one such pair
+    assert {tuple(position_noise(-seed, 3, 8).tolist()) for seed in range(1, 33)}.isdisjoint(
+        {tuple(position_noise(seed, 3, 8).tolist()) for seed in range(1, 33)}
+    )  # negative seeds (a request may send one) are seeds of their own
+
+
 def test_shared_pool_raises_acceptance_without_changing_outputs():
     model = tiny_model("llama")
     prompt = repetitive_prompt(20, 3)[0].tolist()

@@ -78,7 +78,24 @@ def position_noise(seed: int, index: int, vocab: int) -> torch.Tensor:  # [V] fl
     draw at its position, and every token is distributed exactly as the model's processed
     distribution. The text is then a function of the seed and the prompt alone: the same with
     any candidates, any batch and any step shapes (and the same as one-token steps).
+
+    torch's CPU generator (mt19937) keeps 32 bits of its seed, so (seed, index) is hashed into
+    those 32 bits with splitmix64 over all 64 bits of the seed: two seeds then share a position's
+    noise by chance alone (2**-32 per position), where a linear key had made seeds equal modulo
+    2**32 share every position's.
     """
-    generator = torch.Generator().manual_seed((seed * 0x9E3779B97F4A7C15 + index * 0xBF58476D1CE4E5B9) % 2**63)
+    key = _splitmix64((seed & _MASK64) ^ _splitmix64(index))
+    generator = torch.Generator().manual_seed((key ^ (key >> 32)) & 0xFFFFFFFF)
     uniform = torch.rand(vocab, generator=generator, dtype=torch.float64).clamp_min(1e-300)
     return -torch.log(-torch.log(uniform))
+
+
+_MASK64 = 2**64 - 1
+
+
+def _splitmix64(x: int) -> int:
+    """The splitmix64 finaliser of ``x + golden gamma``: every output bit depends on every input bit."""
+    z = (x + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
