@@ -10,8 +10,9 @@ the whole text is a shortest path over positions,
     cost(i) = min over L <= best_i of  T(1 + L) / T(1) + cost(i + 1 + L),   cost(end) = 0,
 
 where best_i is the longest match (capped at ``cap`` tokens) among the candidates at position i,
-and the bound is the speedup over plain decoding: (tokens - 1) / cost(1) (the first token comes
-from the prefill, in both). No policy using the same
+and the bound is the speedup over plain decoding: (tokens - 1) / cost(s) (the first token comes
+from the prefill, in both; the prefill may also verify a candidate at position 0, as transformers'
+prompt lookup does, so the decode starts at the best s from 1 to 1 + best_0). No policy using the same
 candidates and paying the same costs can beat it, so a measured speedup divided by the bound says
 how much of what the candidates allow a policy reaches.
 
@@ -62,7 +63,7 @@ def prompt_lookup_candidates(
     up to ``length`` tokens after its earliest occurrence that has any."""
     text = [*prompt, *output]
     found = {}
-    for i in range(1, len(output)):
+    for i in range(len(output)):  # at 0, in the prefill
         end = len(prompt) + i  # the text before output position i
         for m in range(min(max_ngram, end - 1), 0, -1):
             suffix = text[end - m : end]
@@ -114,17 +115,22 @@ def clairvoyant_bounds(
     curve = CostCurve.from_points(curve)
     n, widest = len(output), max(caps)
     text = [*prompt, *output]
-    longest = [0] * n  # the longest match at each position within the widest cap; none at 0, the prefill's
-    for i in range(1, n):
+    longest = [0] * n  # the longest match at each position within the widest cap (at 0: in the prefill)
+    for i in range(n):
         candidates = suffix_candidates(text[: len(prompt) + i], max_suffix, widest)
         candidates += list((extra or {}).get(i, ()))
         longest[i] = max((matched(c, output[i:]) for c in candidates), default=0)
+    if n:
+        longest[0] = min(longest[0], max(0, n - 2))  # the decode keeps a step (see _shortest_path)
     return {cap: _shortest_path([min(m, cap, n - 1 - i) for i, m in enumerate(longest)], curve, cap) for cap in caps}
 
 
 def _shortest_path(best: list[int], curve: CostCurve, cap: int) -> Bound:
-    """The cheapest way through the decode from position 1, stepping at most ``best[i]`` tokens
-    past the model's own at position i."""
+    """The cheapest way through the decode, stepping at most ``best[i]`` tokens past the model's
+    own at position i. The prefill emits token 0 and may verify ``best[0]`` more (transformers'
+    prompt lookup verifies its first candidate there), at no decode cost: the decode starts at
+    the best of positions 1 to 1 + best[0]. ``best[0]`` is kept under n - 1, so that a prefill
+    that could emit the whole text still leaves one step and the bound stays finite."""
     n = len(best)
     if n == 0:
         return Bound(1.0, 0, 0, cap)
@@ -135,6 +141,7 @@ def _shortest_path(best: list[int], curve: CostCurve, cap: int) -> Bound:
         options = [(curve(1 + length) / unit + cost[i + 1 + length], length) for length in range(best[i] + 1)]
         cost[i], length = min(options)
         steps[i] = 1 + steps[i + 1 + length]
+    start = min(range(1, 2 + best[0]), key=lambda i: (cost[i], i)) if n > 1 else 1
     decode = n - 1  # the prefill's token costs what plain decoding's does: tokens per unit of cost
-    speedup = decode / cost[1] if decode else 1.0
-    return Bound(speedup, n, steps[1] + 1, cap)
+    speedup = decode / cost[start] if decode else 1.0
+    return Bound(speedup, n, steps[start] + 1, cap)
