@@ -154,7 +154,8 @@ def test_same_seed_same_output():
 
 def test_token_tree_samples_as_the_same_candidates_on_their_own_rows(monkeypatch):
     """Shared rows give each candidate the same distributions as rows of its own: with the same
-    seed, tree and chains draw the same tokens (random numbers are used identically), with
+    seed, tree and chains draw the same tokens (a draw depends on the seed and the processed
+    logits alone, so a shared row processed with another prefix would change it), with
     processors that read the candidate's prefix; and the tree did share rows."""
     from lookahead.runner import DecoderRunner
 

@@ -150,10 +150,10 @@ def _disk_path() -> Path:
 def cost_curve(model, make_step: Callable[[], Callable[[int], None]]) -> CostCurve:
     """The model's cost curve on its device and dtype, measured once and then kept on disk.
 
-    The curve decides step shapes, which decide how sampling consumes random numbers (and bf16
-    near-ties), so it is read back rather than re-timed: the same seed gives the same text in
-    every process. It is keyed by what decides a forward pass's cost: the architecture (a hash of
-    the config, weights aside), device, dtype and thread count, in
+    The curve decides step shapes, and in bf16 a step's shape can tip a near-tie (greedy or
+    sampled), so it is read back rather than re-timed: every process takes the same steps. It is
+    keyed by what decides a forward pass's cost: the architecture (a hash of the config, weights
+    aside), device, dtype and thread count, in
     ``$LOOKAHEAD_CACHE/cost-curves.json``. ``make_step()`` returns a function running one forward
     pass over k tokens (see :func:`measure`); it is only called when no curve is known yet.
     """
