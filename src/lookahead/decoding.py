@@ -32,7 +32,7 @@ from .lookup import ContextIndex
 from .pool import NGramPool
 from .runner import DecoderRunner, Seq2SeqRunner
 from .sequences import Emitter, SeqState, assemble
-from .step import prompt_rows, validate_call
+from .step import SYNCED_GPUS_REFUSED, prompt_rows, validate_call
 from .support import MaskSpec, check_model
 from .tuning import (
     BATCH_CONTEXTS,
@@ -129,7 +129,7 @@ class Lookahead:
         """
         streamer = kwargs.get("streamer")  # left in kwargs: generate itself streams the prompt
         if kwargs.get("synced_gpus"):  # generate would not hand it to the callable
-            raise ValueError("lookahead decoding does not support synced_gpus (DeepSpeed ZeRO-3 / FSDP)")
+            raise ValueError(SYNCED_GPUS_REFUSED)
         tokenizer = kwargs.pop("tokenizer", None)
         config = kwargs.get("generation_config")
         if kwargs.get("token_healing") or getattr(config or model.generation_config, "token_healing", False):

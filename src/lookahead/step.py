@@ -59,6 +59,9 @@ def _check_position_ids(model_kwargs) -> None:
         )
 
 
+SYNCED_GPUS_REFUSED = "lookahead decoding does not support synced_gpus (DeepSpeed ZeRO-3 / FSDP)"
+
+
 def _sharded_across_processes(model) -> bool:
     """What transformers' generate takes as ``synced_gpus`` when not told (DeepSpeed ZeRO-3 or FSDP
     over several processes): a ``custom_generate`` callable is not handed that flag."""
@@ -106,7 +109,7 @@ def validate_call(
                 "advance unevenly under lookahead decoding, so there is no per-step score tensor"
             )
     if synced_gpus or _sharded_across_processes(model):
-        raise ValueError("lookahead decoding does not support synced_gpus (DeepSpeed ZeRO-3 / FSDP)")
+        raise ValueError(SYNCED_GPUS_REFUSED)
     if generation_config.return_dict_in_generate and (
         generation_config.output_attentions or generation_config.output_hidden_states
     ):
