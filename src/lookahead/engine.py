@@ -27,7 +27,7 @@ from .choices import StepChoices, fetch_matched
 from .config import LookaheadConfig, LookaheadStats
 from .drafting import TreeDrafter
 from .layout import StepLayout, build_layout
-from .runner import DecoderRunner, Seq2SeqRunner
+from .runner import AdmissionError, DecoderRunner, Seq2SeqRunner
 from .sequences import (
     Emitter,
     SeqState,
@@ -94,16 +94,45 @@ class Engine:
 
     def admit(self, seqs: Sequence[SeqState], prompts: Sequence[Sequence[int]]) -> None:
         """Prefill ``seqs`` (their prompts without padding) and let them join the batch; each gets
-        its first token from the prefill."""
+        its first token from the prefill. Into a running batch, a failure raises
+        :class:`AdmissionError` and leaves the running sequences as they were."""
         start = time.perf_counter()
         if self.active:
             if self.runner.aligned:
                 raise ValueError("encoder-decoder models cannot admit sequences into a running batch")
-            logits = self.runner.admit(prompts)  # [b, V]; AdmissionError: the running batch is intact
-        else:
-            logits = self.runner.prefill(prompts)  # [b, V]
+            newcomers, logits = self.runner.apart(prompts)  # [b, V]
+            self.stats.prefill_seconds += time.perf_counter() - start
+            return self.join(seqs, newcomers, logits)
+        try:
+            logits = self.runner.prefill(prompts)  # [b, V]: a batch starting anew
+        except Exception as err:
+            raise AdmissionError(f"prefilling the prompts failed: {err}") from err
         self.stats.prefill_seconds += time.perf_counter() - start
         self._emit_last(seqs, logits)
+        self._enter(seqs)
+
+    def prefill_apart(self, seq: SeqState, prompt: Sequence[int]) -> ChunkedPrefill:
+        """A long prompt's prefill, run a chunk at a time on a runner of its own
+        (:class:`ChunkedPrefill`); :meth:`join` it once done."""
+        if self.runner.aligned:
+            raise ValueError("encoder-decoder models cannot admit sequences into a running batch")
+        return ChunkedPrefill(seq, prompt, DecoderRunner(self.model, self.spec, bound_sliding=False, slab=False))
+
+    def join(self, seqs: Sequence[SeqState], newcomers: DecoderRunner, logits) -> None:
+        """Let ``seqs``, prefilled on ``newcomers`` (their last logits [b, V]), join the batch: their
+        first tokens are chosen, then their cache is merged. Either failing raises
+        :class:`AdmissionError`, with the running batch as it was."""
+        try:
+            self._emit_last(seqs, logits)
+        except Exception as err:  # a logits processor of theirs, say: nothing is merged yet
+            raise AdmissionError(f"choosing the first token failed: {err}") from err
+        if self.active:
+            self.runner.merge(newcomers)
+        else:  # nothing is running: whatever the runner held has left
+            self.runner.adopt(newcomers)
+        self._enter(seqs)
+
+    def _enter(self, seqs: Sequence[SeqState]) -> None:
         if not self.emitter.stop_ends_seq:  # only sequences that run on after a stop need the others
             self.admitted += seqs
         self.active = self._drop_finished([*self.active, *seqs])
@@ -315,3 +344,27 @@ class Engine:
                 if self.on_finish is not None:
                     self.on_finish(seq)
         return [seqs[i] for i in keep]
+
+
+class ChunkedPrefill:
+    """One long prompt, prefilled a chunk at a time on a runner of its own between the steps of a
+    running batch (a server's chunked prefill: the running sequences keep their pace)."""
+
+    def __init__(self, seq: SeqState, prompt: Sequence[int], runner: DecoderRunner) -> None:
+        self.seq, self.prompt, self.runner = seq, list(prompt), runner
+        self.done = 0  # prompt tokens in the runner's cache
+        self.logits = None  # [1, V] after the last chunk
+
+    @property
+    def left(self) -> int:
+        return len(self.prompt) - self.done
+
+    def advance(self, tokens: int) -> int:
+        """Prefill up to ``tokens`` more of the prompt -> how many; :class:`AdmissionError` on failure."""
+        chunk = self.prompt[self.done : self.done + tokens]
+        try:
+            self.logits = self.runner.extend(chunk)
+        except Exception as err:
+            raise AdmissionError(f"prefilling the prompt failed: {err}") from err
+        self.done += len(chunk)
+        return len(chunk)

@@ -157,10 +157,17 @@ class SharedPool:
             del self._by_suffix[suffix]
         self.nbytes -= self._size(suffix, continuation)
 
-    def add_text(self, tokens: Sequence[int]) -> None:
-        """Keep what followed every suffix of ``tokens`` (a prompt and its output)."""
+    def empty_like(self) -> SharedPool:
+        """An empty pool with this one's bounds."""
+        return SharedPool(self.max_entries, self.max_bytes, self.max_suffix, self.span, self.per_key)
+
+    def add_text(self, tokens: Sequence[int], start: int = 0, stop: int | None = None) -> None:
+        """Keep what followed every suffix of ``tokens`` (a prompt and its output) that ends at a
+        position in ``start`` .. ``stop`` - 1: a long text can go in over several calls, with the
+        same result as one."""
         tokens = [int(t) for t in tokens]
-        for end in range(len(tokens) - 1):
+        stop = len(tokens) - 1 if stop is None else min(stop, len(tokens) - 1)
+        for end in range(start, stop):
             continuation = tuple(tokens[end + 1 : end + 1 + self.span])
             for m in range(1, min(self.max_suffix, end + 1) + 1):
                 self._insert(tuple(tokens[end - m + 1 : end + 1]), continuation)

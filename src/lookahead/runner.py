@@ -127,6 +127,25 @@ def _compact_step(layers, step_length: int, moves: list[tuple[int, int, int]]) -
             flat.index_copy_(0, to_rows, flat.index_select(0, from_rows))
 
 
+class _Keys:
+    """A layer's keys and values, apart from any cache."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        self.keys, self.values = keys, values
+
+
+def _left_pad(states: torch.Tensor, width: int, value) -> torch.Tensor:
+    """``states`` [B, ...] left-padded with ``value`` along the columns (dim 2 for a layer's keys
+    or values [B, H, C, D], dim 1 for key_pos [B, C]) to ``width``."""
+    dim = 2 if states.dim() == 4 else 1
+    missing = width - states.shape[dim]
+    if missing == 0:
+        return states
+    shape = list(states.shape)
+    shape[dim] = missing
+    return torch.cat([states.new_full(shape, value), states], dim=dim)
+
+
 def _n_layers(model) -> int:
     return model.config.get_text_config(decoder=True).num_hidden_layers
 
@@ -241,35 +260,87 @@ class DecoderRunner:
 
     def admit(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
         """Prefill ``prompts`` on their own, then append them to the running batch -> their last
-        logits [b, V]. The shorter of the two caches is left-padded with holes, so every sequence
-        keeps its columns and positions (the mask hides the holes)."""
+        logits [b, V] (:meth:`apart`, then :meth:`merge`)."""
+        newcomers, logits = self.apart(prompts)
+        self.merge(newcomers)
+        return logits
+
+    def apart(self, prompts: Sequence[Sequence[int]]) -> tuple[DecoderRunner, torch.Tensor]:
+        """A runner of their own for ``prompts``, prefilled -> (it, their last logits [b, V]).
+        Raises :class:`AdmissionError`; nothing of this runner is touched."""
         newcomers = DecoderRunner(self.model, self.spec, bound_sliding=False, slab=False)
         try:
-            logits = newcomers.prefill(prompts)
-        except Exception as err:  # the running batch is untouched so far
+            return newcomers, newcomers.prefill(prompts)
+        except Exception as err:
             raise AdmissionError(str(err)) from err
-        self._untrim()
-        width = max(self.key_pos.shape[1], newcomers.key_pos.shape[1])
 
-        def pad(states: torch.Tensor, dim: int, value) -> torch.Tensor:  # left-pad dim to width
-            missing = width - states.shape[dim]
-            if missing == 0:
-                return states
-            shape = list(states.shape)
-            shape[dim] = missing
-            return torch.cat([states.new_full(shape, value), states], dim=dim)
+    def extend(self, tokens: Sequence[int]) -> torch.Tensor:
+        """Continue a lone sequence's prefill with its next ``tokens`` (a long prompt prefilled a
+        chunk at a time between a server's steps) -> the last logits [1, V]. The first chunk is a
+        plain :meth:`prefill`; later ones sit at the next positions, and the model builds the
+        causal mask over its cache itself, as it does for a prefill."""
+        if self.key_pos is None:
+            return self.prefill([tokens])
+        done = int(self.n_cached[0])
+        if self.key_pos.shape[0] != 1 or self.holes or self.trimmed:
+            raise ValueError("extend continues the prefill of one sequence without holes")
+        positions = torch.arange(done, done + len(tokens))
+        extra = {"position_ids": _send(positions[None], self.device)} if self.spec.positions else {}
+        out = self.model(
+            input_ids=_send([list(tokens)], self.device),
+            **extra,
+            cache=self.cache,
+            use_cache=True,
+            **self._logits_kwargs(1),
+        )
+        self.key_pos = torch.cat([self.key_pos, positions[None]], dim=1)
+        self.n_cached = self.n_cached + len(tokens)
+        return out.logits[:, -1]
 
-        if self.slab is not None:
-            self.slab.admit(newcomers.cache)
-        else:
-            for mine, theirs in zip(self.cache.layers, newcomers.cache.layers, strict=True):
-                for name in ("keys", "values"):  # [B, H, C, D]
-                    merged = torch.cat([pad(getattr(mine, name), 2, 0), pad(getattr(theirs, name), 2, 0)], dim=0)
-                    setattr(mine, name, merged)
-        self.key_pos = torch.cat([pad(self.key_pos, 1, -1), pad(newcomers.key_pos, 1, -1)], dim=0)
-        self.n_cached = torch.cat([self.n_cached, newcomers.n_cached])
+    def merge(self, newcomers: DecoderRunner) -> None:
+        """Append the sequences of ``newcomers`` (a runner of their own, prefilled) to this batch.
+        The shorter of the two caches is left-padded with holes, so every sequence keeps its
+        columns and positions (the mask hides the holes). Every new tensor is made before any is
+        kept, so a failure (out of memory, most likely) raises :class:`AdmissionError` with this
+        batch as it was."""
+        try:
+            width = max(self.key_pos.shape[1], newcomers.key_pos.shape[1])
+            key_pos = torch.cat([_left_pad(self.key_pos, width, -1), _left_pad(newcomers.key_pos, width, -1)])
+            n_cached = torch.cat([self.n_cached, newcomers.n_cached])
+            if self.slab is not None:
+                self.slab.admit(newcomers.cache)  # checks and allocates before it writes
+            else:
+                merged = [
+                    [torch.cat([_left_pad(states, width, 0), _left_pad(getattr(theirs, name), width, 0)])
+                     for name, states in (("keys", mine.keys), ("values", mine.values))]  # [B + b, H, width, D]
+                    for mine, theirs in zip(self._untrimmed(), newcomers.cache.layers, strict=True)
+                ]  # fmt: skip
+        except Exception as err:
+            raise AdmissionError(f"joining the running batch failed: {err}") from err
+        if self.slab is None:
+            for layer, (keys, values) in zip(self.cache.layers, merged, strict=True):
+                layer.keys, layer.values = keys, values
+            self.trim = 0
+        self.key_pos, self.n_cached = key_pos, n_cached
         self.holes = bool((self.key_pos < 0).any())
-        return logits
+
+    def adopt(self, newcomers: DecoderRunner) -> None:
+        """Take ``newcomers``' sequences as the whole batch (nothing else is running): their
+        cache moves into a slab where the model's cache fits one."""
+        try:
+            slab = self._empty_slab(newcomers.key_pos.shape[0], newcomers.key_pos.shape[1])
+        except Exception as err:
+            raise AdmissionError(f"joining the running batch failed: {err}") from err
+        cache = newcomers.cache
+        if slab is not None:
+            for mine, theirs in zip(slab.layers, newcomers.cache.layers, strict=True):
+                mine.update(theirs.keys, theirs.values)
+            cache = DynamicCache()
+            cache.layers[:] = slab.layers
+        self.cache, self.slab = cache, slab
+        self.key_pos, self.n_cached, self.holes = newcomers.key_pos, newcomers.n_cached, newcomers.holes
+        self.trim, self.trimmed = 0, False
+        self._trim_sliding()
 
     def step(self, layout: StepLayout, step_ids: Sequence[Sequence[int]]) -> torch.Tensor:
         """One forward pass over every sequence's step -> the used slots' logits [B, K, V]."""
@@ -369,19 +440,21 @@ class DecoderRunner:
         else:
             self.trim += lead
 
-    def _untrim(self) -> None:
-        """Give sliding layers their dropped columns back, as zeros: before sequences of other
-        lengths join, every layer must span the same columns. No one can see them (they were
-        dropped because they lay beyond every window), so zeros are as good as the keys were."""
-        if self.trim == 0:
-            return
-        for i in self.sliding:
-            layer = self.cache.layers[i]
-            for name in ("keys", "values"):
-                states = getattr(layer, name)  # [B, H, C - trim, D]
-                zeros = states.new_zeros(states.shape[0], states.shape[1], self.trim, states.shape[3])
-                setattr(layer, name, torch.cat([zeros, states], dim=2))
-        self.trim = 0
+    def _untrimmed(self) -> list:
+        """Every layer as it would be with the columns sliding layers dropped given back, as
+        zeros: before sequences of other lengths join, every layer must span the same columns. No
+        one can see them (they were dropped because they lay beyond every window), so zeros are as
+        good as the keys were. Made apart (``_Keys`` pairs), for :meth:`merge` to keep."""
+        layers = []
+        for i, layer in enumerate(self.cache.layers):
+            keys, values = layer.keys, layer.values  # [B, H, C - trim, D] for a trimmed sliding layer
+            if self.trim and i in self.sliding:
+                keys, values = (
+                    torch.cat([t.new_zeros(t.shape[0], t.shape[1], self.trim, t.shape[3]), t], dim=2)
+                    for t in (keys, values)
+                )
+            layers.append(_Keys(keys, values))
+        return layers
 
     def select(self, keep: Sequence[int]) -> None:
         """Keep only the sequences ``keep`` (indices into the current batch), then cut leading columns

@@ -52,7 +52,7 @@ from transformers import (
 
 from .config import LookaheadConfig, LookaheadStats
 from .decoding import make_chooser, make_drafter, new_sequence, settle
-from .engine import Engine
+from .engine import ChunkedPrefill, Engine
 from .pool import SharedPool
 from .runner import AdmissionError
 from .sequences import Emitter, SeqState
@@ -96,6 +96,8 @@ class Request:
     sent: int = 0  # tokens already reported
     cancelled: bool = False
     checked_at: float = 0.0  # when the server last checked that the client is still connected
+    pool_scope: str | None = None  # whose warm pool it reads and feeds (Service's pool_scopes)
+    kept: int | None = None  # ended on a stop string after this many tokens (Service.stop)
 
     def settings(self, cfg: LookaheadConfig) -> tuple[int, int, int]:
         """The (W, N, G) this request runs with: its own caps within the server's."""
@@ -120,16 +122,30 @@ class Service:
         max_batch_size: int = 8,
         max_queue: int = 64,
         shared_pool: SharedPool | None = None,
+        pool_scopes: bool = False,
+        prefill_chunk: int = 512,
+        stall_seconds: float = 120.0,
         on_step=None,
     ) -> None:
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be at least 1 token, got {prefill_chunk}")
         self.cfg = cfg
         self.max_batch_size, self.max_queue = max_batch_size, max_queue
-        self.shared_pool = shared_pool
+        # the warm pool: one for every request, or (pool_scopes) one per Request.pool_scope, each
+        # with shared_pool's bounds
+        self.shared_pool, self.pool_scopes = shared_pool, pool_scopes
+        self._pools: dict[str | None, SharedPool] = {}
+        self._feeding: deque[_Feed] = deque()  # finished texts on their way into a warm pool
+        self.prefill_chunk = prefill_chunk  # prompt tokens prefilled per step, at most
+        self._prefilling: tuple[Request, ChunkedPrefill] | None = None  # a long prompt, chunk by chunk
+        self.stall_seconds = stall_seconds
+        self._progress_at = time.monotonic()  # when the engine thread last finished a step or woke
         self.on_step = on_step  # on_step(seconds, active, forward passes, sequence steps, tokens): metrics
         self._pending: deque[Request] = deque()
         self._by_seq: dict[int, Request] = {}
         self._cond = threading.Condition()
         self._stopping = False
+        self._abandon = False  # shutdown's drain timed out: fail what is left and stop
         ready, failed = threading.Event(), []
         self._thread = threading.Thread(
             target=self._main, args=(model, ready, failed), name="lookahead-engine", daemon=True
@@ -195,6 +211,14 @@ class Service:
                 self._pending.remove(request)
             self._cond.notify()
 
+    def stop(self, request: Request, tokens: int) -> None:
+        """The request's text ended on a stop string after its first ``tokens`` tokens: its
+        sequence leaves at the next step boundary, and its prompt and those tokens feed the warm
+        pool, as a finished request's do."""
+        with self._cond:
+            request.kept = tokens
+        self.cancel(request)
+
     @property
     def queue_depth(self) -> int:
         return len(self._pending)
@@ -203,12 +227,33 @@ class Service:
     def active(self) -> int:
         return len(self.engine.active)
 
+    def health(self) -> dict:
+        """Whether the engine thread is alive and making progress: ``ok`` is False once it has
+        stopped, or when it has had work for ``stall_seconds`` without finishing a step."""
+        reason = None
+        if not self._thread.is_alive():
+            reason = "the engine thread has stopped"
+        elif self._busy and time.monotonic() - self._progress_at > self.stall_seconds:
+            reason = f"no engine step has finished for over {self.stall_seconds:g} s"
+        return {"ok": reason is None, "reason": reason, "active": self.active, "queued": self.queue_depth}
+
+    @property
+    def _busy(self) -> bool:
+        return bool(self._pending or self.engine.active or self._prefilling)
+
     def shutdown(self, timeout: float | None = None) -> None:
-        """Stop admitting, finish what is in flight, then stop the thread."""
+        """Stop admitting and let what is in flight finish, for at most ``timeout`` seconds (None:
+        however long it takes); then every request still in flight fails with a final event saying
+        so, and the thread stops."""
         with self._cond:
             self._stopping = True
             self._cond.notify()
         self._thread.join(timeout)
+        if self._thread.is_alive():
+            with self._cond:
+                self._abandon = True
+                self._cond.notify()
+            self._thread.join()
 
     # -- the engine thread -----------------------------------------------------------------------
 
@@ -226,41 +271,58 @@ class Service:
         with torch.inference_mode():
             while True:
                 with self._cond:
-                    while not self._pending and not self.engine.active and not self._stopping:
+                    while not (self._busy or self._feeding or self._stopping):
                         self._cond.wait()
-                    if self._stopping and not self._pending and not self.engine.active:
-                        return
-                    room = self.max_batch_size - len(self.engine.active)
-                    newcomers = [self._pending.popleft() for _ in range(min(room, len(self._pending)))]
+                        self._progress_at = time.monotonic()
+                    if self._abandon or (self._stopping and not self._busy):
+                        break
+                    plan = self._plan()
                 for request in self._by_seq.values():
                     if request.cancelled:
                         self.engine.cancel(request.seq)
                 try:
-                    self._advance(newcomers)
+                    self._advance(plan)
                 except Exception as err:  # fail every request in flight rather than hang them
                     logger.exception("engine step failed")
                     try:
-                        self._fail_all(newcomers, err)
+                        self._fail_all(plan.newcomers, err)
                     except Exception:  # noqa: BLE001 - the thread must outlive any one failure
                         logger.exception("could not report the failure")
+                self._feed_pools()
+                self._progress_at = time.monotonic()
+            if self._abandon:
+                self._fail_all(list(self._pending), ShutdownTimeout("the server shut down before the request finished"))
 
-    def _advance(self, newcomers: list[Request]) -> None:
+    def _plan(self) -> _Plan:
+        """What this step prefills, within ``prefill_chunk`` prompt tokens (padding included), in
+        the queue's order: first the next chunk of a long prompt under way; then newcomers whose
+        prompts fit together in what is left; then, where the next one is longer than a chunk and
+        none is under way, its first chunk. Called with the lock held."""
+        budget, room = self.prefill_chunk, self.max_batch_size - len(self.engine.active)
+        chunk = 0
+        if self._prefilling is not None:
+            chunk, room = min(budget, self._prefilling[1].left), room - 1
+            budget -= chunk
+        newcomers, longest, start = [], 0, None
+        while self._pending and room > 0:
+            length = len(self._pending[0].prompt_ids)
+            if max(longest, length) * (len(newcomers) + 1) <= budget:
+                newcomers.append(self._pending.popleft())
+                longest, room = max(longest, length), room - 1
+                continue
+            left = budget - longest * len(newcomers)
+            if length > self.prefill_chunk and self._prefilling is None and left > 0:
+                start = (self._pending.popleft(), left)
+            break
+        return _Plan(newcomers, chunk, start)
+
+    def _advance(self, plan: _Plan) -> None:
         start = time.perf_counter()
         stats = self.stats
         before = (stats.steps, stats.sequence_steps, stats.new_tokens)
         running = list(self._by_seq.values())
-        if newcomers:
-            newcomers = self._set_up(newcomers)
-        if newcomers:
-            seqs = [request.seq for request in newcomers]
-            try:
-                self.engine.admit(seqs, [r.prompt_ids for r in newcomers])
-            except AdmissionError as err:  # their own prefill failed: the running requests go on
-                logger.exception("admitting %d request(s) failed", len(newcomers))
-                for request in newcomers:
-                    self._by_seq.pop(id(request.seq), None)
-                    self._post(request, Event([], f"error: {err}"))
-                newcomers = []
+        joined = self._prefill_long(plan)
+        newcomers = self._admit(self._set_up(plan.newcomers)) + joined
         if self.engine.active:
             self.engine.step()
         for request in running + newcomers:
@@ -269,6 +331,60 @@ class Service:
             after = (stats.steps, stats.sequence_steps, stats.new_tokens)
             deltas = [b - a for a, b in zip(before, after, strict=True)]
             self.on_step(time.perf_counter() - start, len(self.engine.active), *deltas)
+
+    def _prefill_long(self, plan: _Plan) -> list[Request]:
+        """The next chunk of the long prompt under way (or the first of a new one) -> [it] once it
+        has joined the batch. A failure, or a cancellation, ends that request alone."""
+        if plan.start is not None:
+            request, _ = plan.start
+            if self._set_up([request]):
+                self._prefilling = (request, self.engine.prefill_apart(request.seq, request.prompt_ids))
+                self._by_seq.pop(id(request.seq))  # it joins the batch when its prefill is done
+        if self._prefilling is None:
+            return []
+        request, prefill = self._prefilling
+        try:
+            if request.cancelled:
+                self._prefilling = None
+                return []
+            prefill.advance(plan.chunk if plan.start is None else plan.start[1])
+            if prefill.left:
+                return []
+            self._prefilling = None
+            self._by_seq[id(request.seq)] = request
+            self.engine.join([request.seq], prefill.runner, prefill.logits)
+        except AdmissionError as err:
+            self._prefilling = None
+            self._fail_alone(request, err)
+            return []
+        return [request]
+
+    def _admit(self, newcomers: list[Request]) -> list[Request]:
+        """Prefill ``newcomers`` together and let them join the batch -> those that did. Where that
+        fails, each is tried alone, so that only the one whose prefill or merge fails (a prompt
+        that runs out of memory, say) fails; the running requests go on."""
+        if not newcomers:
+            return []
+        try:
+            self.engine.admit([r.seq for r in newcomers], [r.prompt_ids for r in newcomers])
+            return newcomers
+        except AdmissionError as err:
+            if len(newcomers) == 1:
+                self._fail_alone(newcomers[0], err)
+                return []
+        logger.warning("admitting %d requests together failed: trying each alone", len(newcomers))
+        joined = []
+        for request in newcomers:
+            self._by_seq.pop(id(request.seq), None)
+            request.seq = self._sequence(request)  # afresh: the failed try may have emitted its first token
+            self._by_seq[id(request.seq)] = request
+            joined += self._admit([request])
+        return joined
+
+    def _fail_alone(self, request: Request, err: Exception) -> None:
+        logger.error("admitting a request failed: %s", err, exc_info=err)
+        self._by_seq.pop(id(request.seq), None)
+        self._post(request, Event([], f"error: {err}"))
 
     def _set_up(self, newcomers: list[Request]) -> list[Request]:
         """Each newcomer's sequence; one whose settings cannot be built (its processors refuse
@@ -290,7 +406,8 @@ class Service:
         cfg = dataclasses.replace(self.cfg, window_size=w)
         ids = torch.tensor([request.prompt_ids], device=self.model.device)
         max_length = len(request.prompt_ids) + request.max_tokens
-        seq = new_sequence(cfg, 0, ids, request.prompt_ids, max_length, full_window=True, shared=self.shared_pool)
+        pool = self._pool_for(request.pool_scope)
+        seq = new_sequence(cfg, 0, ids, request.prompt_ids, max_length, full_window=True, shared=pool)
         # a request's own N caps its drafts too; without one, drafts run to the server's draft length
         own_n = request.lookahead[1] if request.lookahead else None
         seq.max_candidates, seq.ngram_size = g, (None if own_n is None else n)
@@ -326,11 +443,37 @@ class Service:
             out.append(SuppressTokensLogitsProcessor(config.suppress_tokens))
         return out
 
+    def _pool_for(self, scope: str | None) -> SharedPool | None:
+        if self.shared_pool is None or not self.pool_scopes:
+            return self.shared_pool
+        if scope not in self._pools:
+            self._pools[scope] = self.shared_pool.empty_like()
+        return self._pools[scope]
+
     def _finished(self, seq: SeqState) -> None:
-        """Called by the engine when a sequence leaves the batch: feed the warm pool."""
+        """Called by the engine when a sequence leaves the batch: its text is queued for its warm
+        pool (up to its stop string, where it ended on one; not at all where it was cancelled)."""
         request = self._by_seq.get(id(seq))
-        if self.shared_pool is not None and request is not None and not request.cancelled:
-            self.shared_pool.add_text(seq.committed)
+        pool = None if request is None else self._pool_for(request.pool_scope)
+        if pool is None or (request.cancelled and request.kept is None):
+            return
+        text = seq.committed if request.kept is None else seq.committed[: len(request.prompt_ids) + request.kept]
+        self._feeding.append(_Feed(pool, list(text)))
+
+    POOL_FEED = 2048  # text positions added to warm pools per step, at most (about 15 ms here)
+
+    def _feed_pools(self) -> None:
+        """Add the next ``POOL_FEED`` positions of finished texts to their warm pools: a long text
+        goes in over several steps instead of stalling one (32k tokens took 205 ms at once)."""
+        budget = self.POOL_FEED
+        while self._feeding and budget > 0:
+            feed = self._feeding[0]
+            stop = min(feed.next + budget, len(feed.tokens))
+            feed.pool.add_text(feed.tokens, start=feed.next, stop=stop)
+            budget -= stop - feed.next
+            feed.next = stop
+            if stop >= len(feed.tokens):
+                self._feeding.popleft()
 
     def _report(self, request: Request) -> None:
         seq = request.seq
@@ -358,10 +501,35 @@ class Service:
 
     def _fail_all(self, newcomers: list[Request], err: Exception) -> None:
         requests = {id(r): r for r in [*self._by_seq.values(), *newcomers]}
+        if self._prefilling is not None:
+            requests[id(self._prefilling[0])] = self._prefilling[0]
+            self._prefilling = None
         self._by_seq.clear()
         self.engine.active = []
         for request in requests.values():
             self._post(request, Event([], f"error: {err}"))
+
+
+class ShutdownTimeout(RuntimeError):
+    """The server stopped before the request finished (its drain timed out)."""
+
+
+@dataclass
+class _Plan:
+    """What one step prefills (``Service._plan``)."""
+
+    newcomers: list[Request]  # prefilled together, short prompts
+    chunk: int  # tokens of the long prompt under way
+    start: tuple[Request, int] | None  # a long prompt starting, and its first chunk's tokens
+
+
+@dataclass
+class _Feed:
+    """A finished text on its way into a warm pool: positions before ``next`` are in."""
+
+    pool: SharedPool
+    tokens: list[int]
+    next: int = 0
 
 
 # generation_config fields that change what plain generate emits, beyond those _model_processors builds

@@ -152,6 +152,12 @@ class Slab:
         zeros (holes, which the mask hides). In place where the tensor has the rows and the
         columns; else one copy of what is held into a larger one."""
         count, theirs = newcomers.layers[0].keys.shape[0], newcomers.layers[0].keys.shape[2]
+        _, _, heads, _, dim = self.data.shape
+        expected = (count, heads, theirs, dim)
+        if len(newcomers.layers) != len(self.layers) or any(
+            tuple(t.shape) != expected for layer in newcomers.layers for t in (layer.keys, layer.values)
+        ):  # checked before anything is written: a failed admission leaves the slab as it was
+            raise ValueError(f"the newcomers' cache does not fit this slab's layers of {expected}")
         held, batch = self.end - self.start, self.batch
         extra = max(0, theirs - held)  # columns the running sequences gain on the left (holes)
         if batch + count > self.data.shape[1] or extra > self.start:
