@@ -8,7 +8,8 @@ the forward pass.
 import pytest
 import torch
 from tiny_models import CONFIGS, char_tokenizer, repetitive_prompt, tiny_model
-from transformers import StoppingCriteria, TextStreamer
+from transformers import StoppingCriteria
+from transformers.generation.streamers import BaseStreamer
 
 from lookahead import Lookahead
 from lookahead.support import check_model
@@ -171,18 +172,38 @@ def test_right_padded_batch_is_refused():
         model.generate(ids.flip(1), attention_mask=mask.flip(1), max_new_tokens=5, custom_generate=Lookahead(4, 4, 4))
 
 
-@pytest.mark.parametrize(
-    "kwargs,match",
-    [
-        (dict(return_dict_in_generate=True, output_scores=True), "batch of 1"),
-        (dict(streamer=TextStreamer(char_tokenizer())), "batch size 1|one sequence"),
-    ],
-)
-def test_batch_options_that_need_one_row_are_refused(kwargs, match):
+class RowsStreamer(BaseStreamer):
+    """A streamer that takes whatever it is given, a batch too (transformers' own refuse a batch as
+    the prompt arrives, before lookahead decoding starts): records each put."""
+
+    def __init__(self):
+        self.puts = []
+
+    def put(self, value):
+        self.puts.append(value.tolist())
+
+    def end(self):
+        pass
+
+
+def test_output_scores_need_one_row():
     model = tiny_model("llama")
     ids, mask = left_padded(LENGTHS[2])
-    with pytest.raises(ValueError, match=match):
-        Lookahead(4, 4, 4).generate(model, ids, attention_mask=mask, max_new_tokens=5, **kwargs)
+    with pytest.raises(ValueError, match="batch of 1"):
+        Lookahead(4, 4, 4).generate(
+            model, ids, attention_mask=mask, max_new_tokens=5, return_dict_in_generate=True, output_scores=True
+        )
+
+
+def test_a_streamer_is_refused_for_a_batch_by_lookahead_itself():
+    """A streamer that accepts the batch's prompt gets past transformers: lookahead's own check
+    refuses it, before any token is streamed."""
+    model = tiny_model("llama")
+    ids, mask = left_padded(LENGTHS[2])
+    streamer = RowsStreamer()
+    with pytest.raises(ValueError, match="streamers take one sequence: stream a batch of 1"):
+        Lookahead(4, 4, 4).generate(model, ids, attention_mask=mask, max_new_tokens=5, streamer=streamer)
+    assert streamer.puts == [ids.tolist()]  # generate streamed the prompt; lookahead streamed nothing
 
 
 def test_num_return_sequences_samples_a_batch():
@@ -195,13 +216,16 @@ def test_num_return_sequences_samples_a_batch():
     assert out.shape == (3, 28) and (out[:, :16] == prompt).all()
 
 
-def test_batch_of_one_in_a_list_of_rows_equals_separate_calls():
-    """Each row of a batch is what the same prompt gives alone (the model's fp32 output does not
-    depend on its batch neighbours beyond rounding, and these models have clear margins)."""
+def test_each_row_of_a_batch_is_what_plain_generate_gives_its_prompt_alone():
+    """Each row of a Lookahead() batch is what plain generate gives the same prompt alone,
+    unpadded (the model's fp32 output does not depend on its batch neighbours beyond rounding,
+    and these models have clear margins); so is Lookahead() on that prompt alone."""
     model = tiny_model("gpt_neox")
     ids, mask = left_padded(LENGTHS[3], seed=9)
-    kwargs = dict(max_new_tokens=25, do_sample=False, custom_generate=Lookahead())
-    batched = model.generate(ids, attention_mask=mask, **kwargs)
+    kwargs = dict(max_new_tokens=25, do_sample=False)
+    batched = model.generate(ids, attention_mask=mask, custom_generate=Lookahead(), **kwargs)
     for b, length in enumerate(LENGTHS[3]):
-        alone = model.generate(ids[b : b + 1, -length:], **kwargs)
-        assert batched[b, ids.shape[1] :].tolist() == alone[0, length:].tolist()
+        prompt = ids[b : b + 1, -length:]
+        expected = model.generate(prompt, **kwargs)[0, length:].tolist()
+        assert batched[b, ids.shape[1] :].tolist() == expected, f"row {b}"
+        assert model.generate(prompt, custom_generate=Lookahead(), **kwargs)[0, length:].tolist() == expected
