@@ -42,7 +42,6 @@ def generate(model, prompt, **kwargs):
     [
         (dict(num_beams=2), "num_beams=1"),
         (dict(return_dict_in_generate=True, output_attentions=True), "output_attentions"),
-        (dict(num_return_sequences=2), "num_return_sequences"),
         # with a custom_generate callable transformers runs neither itself: never silently greedy
         (dict(penalty_alpha=0.6, top_k=4), r"contrastive search \(penalty_alpha\)"),
         (dict(dola_layers="high"), r"DoLa \(dola_layers\)"),
@@ -51,6 +50,29 @@ def generate(model, prompt, **kwargs):
 def test_unsupported_options(kwargs, match):
     with pytest.raises(ValueError, match=match):
         generate(tiny_model("llama"), repetitive_prompt(), **kwargs)
+
+
+def test_num_return_sequences_reaches_lookahead_only_when_sampling():
+    """transformers refuses num_return_sequences > 1 without sampling before the callable runs.
+    Sampled, it hands lookahead the prompt repeated: each returned sequence is then drawn with a
+    seed of its own, as the rows of that repeated batch are under the same torch seed."""
+    model, prompt = tiny_model("llama"), repetitive_prompt(16, 1)
+    lookahead, batches = Lookahead(4, 4, 4), []
+
+    def loop(model, input_ids, *args, **kwargs):
+        batches.append(input_ids.shape[0])
+        return lookahead(model, input_ids, *args, **kwargs)
+
+    with pytest.raises(ValueError, match="num_return_sequences"):
+        model.generate(prompt, do_sample=False, num_return_sequences=2, max_new_tokens=5, custom_generate=loop)
+    assert batches == []  # transformers' own check: lookahead has none to make
+    kwargs = dict(do_sample=True, max_new_tokens=12, custom_generate=loop)
+    torch.manual_seed(3)
+    got = model.generate(prompt, num_return_sequences=3, **kwargs)
+    assert batches == [3] and lookahead.last_stats.batch_size == 3
+    torch.manual_seed(3)
+    assert got.tolist() == model.generate(prompt.repeat(3, 1), **kwargs).tolist()
+    assert len({tuple(row) for row in got[:, prompt.shape[1] :].tolist()}) == 3  # three draws, not one
 
 
 def test_what_generate_keeps_from_a_callable_is_refused_where_lookahead_sees_it():
