@@ -193,27 +193,29 @@ def test_suppression_processors_are_honoured():
         assert 3 not in new and 4 not in new and new[0] != 8 and 2 not in new[:3]
 
 
-def test_scores_are_those_of_the_emitted_positions():
+@pytest.mark.parametrize("do_sample", [True, False], ids=["sampled", "greedy"])
+def test_scores_and_logits_are_plain_generate_s_at_the_emitted_positions(do_sample):
+    """Each returned score and logit is what plain generate returns for the same position, given
+    the same prefix: the processed logits (every processor and warper applied) and the raw ones
+    of the emitted token's own slot, whichever step and slot of the step emitted it."""
     model = sharp_model()
+    kwargs = dict(top_k=4, temperature=0.7) if do_sample else dict(repetition_penalty=1.3)
+    kwargs.update(do_sample=do_sample, return_dict_in_generate=True, output_scores=True, output_logits=True)
     torch.manual_seed(5)
     lookahead = Lookahead(3, 4, 4)
-    out = model.generate(
-        PROMPT,
-        do_sample=True,
-        max_new_tokens=12,
-        min_new_tokens=12,
-        top_k=4,
-        custom_generate=lookahead,
-        return_dict_in_generate=True,
-        output_scores=True,
-        output_logits=True,
-    )
-    new = out.sequences[0, PROMPT.shape[1] :]
-    assert len(out.scores) == len(out.logits) == len(new) == 12
-    for token, score, logit in zip(new.tolist(), out.scores, out.logits, strict=True):
-        assert torch.isfinite(score[0, token])  # drawn from this row, so top-k kept it
-        assert (score[0] > -float("inf")).sum() == 4  # top_k=4 was applied to this row
-        assert logit.shape == (1, 16)
+    out = model.generate(PROMPT, max_new_tokens=12, min_new_tokens=12, custom_generate=lookahead, **kwargs)
+    assert len(out.scores) == len(out.logits) == out.sequences.shape[1] - PROMPT.shape[1] == 12
+    assert lookahead.last_stats.steps < 12  # several tokens came from one step's slots
+    if not do_sample:
+        plain = model.generate(PROMPT, max_new_tokens=12, min_new_tokens=12, **kwargs)
+        assert out.sequences.tolist() == plain.sequences.tolist()
+    for i, (score, logit) in enumerate(zip(out.scores, out.logits, strict=True)):
+        prefix = out.sequences[:, : PROMPT.shape[1] + i]
+        one = model.generate(prefix, max_new_tokens=1, min_new_tokens=1, **kwargs)  # plain generate's position i
+        torch.testing.assert_close(logit, one.logits[0], rtol=1e-4, atol=1e-4, msg=f"logits of token {i}")
+        torch.testing.assert_close(score, one.scores[0], rtol=1e-4, atol=1e-4, msg=f"scores of token {i}")
+        if do_sample:
+            assert (score[0] > -float("inf")).sum() == 4  # top_k=4 was applied to this row
 
 
 def test_iterator_streamer_in_a_thread_gets_every_sampled_token():
