@@ -122,17 +122,38 @@ def test_seq2seq_row_stopping_inside_an_accepted_chain():
     assert got.tolist() == expected.tolist()
 
 
+def ngrams(row, shortest=3, longest=4):
+    """The row's n-grams of ``shortest`` to ``longest`` tokens (shorter ones recur by chance)."""
+    return {tuple(row[i : i + n]) for n in range(shortest, longest + 1) for i in range(len(row) - n + 1)}
+
+
 def test_lookahead_generate_pools_each_returned_sequence_s_own_source():
     """num_return_sequences expands the batch after Lookahead().generate saw the encoder input:
-    each of the 3 returned sequences samples from its own row's source (no IndexError)."""
+    each of the 3 returned sequences of a source drafts from that source, exactly as the same
+    source repeated in the batch by hand does, and never from the other source."""
     model = tiny_seq2seq("bart")
     ids, mask = sources((12, 20))
+    kwargs = dict(do_sample=True, max_new_tokens=10)
     torch.manual_seed(0)
-    expected = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, num_return_sequences=3,
-                              max_new_tokens=10)  # fmt: skip
-    got = Lookahead(0, 4, 1).generate(model, ids, attention_mask=mask, do_sample=True, num_return_sequences=3,
-                                      max_new_tokens=10)  # fmt: skip
+    expected = model.generate(input_ids=ids, attention_mask=mask, num_return_sequences=3, **kwargs)
+    lookahead = Lookahead(0, 4, 1, record_candidates=True)
+    torch.manual_seed(0)
+    got = lookahead.generate(model, ids, attention_mask=mask, num_return_sequences=3, **kwargs)
     assert got.shape[0] == expected.shape[0] == 6
+    by_hand = Lookahead(0, 4, 1, record_candidates=True)
+    torch.manual_seed(0)
+    repeated = by_hand.generate(model, ids.repeat_interleave(3, 0), attention_mask=mask.repeat_interleave(3, 0),
+                                **kwargs)  # fmt: skip
+    assert got.tolist() == repeated.tolist()
+    assert lookahead.last_candidates == by_hand.last_candidates
+    source = [ngrams(ids[r, : int(mask[r].sum())].tolist()) for r in range(2)]
+    only = [source[0] - source[1], source[1] - source[0]]  # the n-grams of one source alone
+    from_own = [set(), set()]
+    for b, steps in enumerate(lookahead.last_candidates):
+        drafted = {c for candidates in steps.values() for c in candidates}
+        assert not drafted & only[1 - b // 3], f"sequence {b} drafted from the other source"
+        from_own[b // 3] |= drafted & only[b // 3]
+    assert all(from_own)  # both sources were drafted from
 
 
 def test_a_speech_model_s_features_are_not_pooled_as_tokens():
