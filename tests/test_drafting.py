@@ -5,7 +5,6 @@ steps keep the output identical to model.generate.
 """
 
 import pytest
-import torch
 from tiny_models import CONFIGS, repetitive_prompt, tiny_model
 
 from lookahead import Lookahead
@@ -284,16 +283,32 @@ def test_the_window_runs_alone_within_its_budget_where_nothing_is_drafted():
     assert TreeDrafter(FLAT, max_nodes=6, max_leaves=2).draft(strong, cap=3, rider=4).window  # rides on a tree
 
 
-def test_count_drafting_can_be_turned_off():
+def test_count_drafting_drafts_when_on_and_is_never_consulted_when_off(monkeypatch):
+    """On, the drafter plans every step after the prefill and its trees are accepted (multi-token
+    steps); off, it is never asked, and the per-step setting plans instead. Output is plain
+    generate's either way."""
+    drafts = []
+    draft = TreeDrafter.draft
+
+    def spy(self, *args, **kwargs):
+        drafts.append(draft(self, *args, **kwargs))
+        return drafts[-1]
+
+    monkeypatch.setattr(TreeDrafter, "draft", spy)
     model = tiny_model("llama")
     prompt = repetitive_prompt(24, 1)
     expected = model.generate(prompt, max_new_tokens=30, do_sample=False)
     for flag in (True, False):
+        drafts.clear()
         lookahead = Lookahead(count_drafting=flag, cost_curve=FLAT.points)
-        with torch.no_grad():
-            got = model.generate(prompt, max_new_tokens=30, do_sample=False, custom_generate=lookahead)
+        got = model.generate(prompt, max_new_tokens=30, do_sample=False, custom_generate=lookahead)
         assert got.tolist() == expected.tolist()
-        assert lookahead.last_stats.config.count_drafting is flag
+        stats = lookahead.last_stats
+        if flag:
+            assert len(drafts) == stats.steps - 1 and any(d.candidates for d in drafts)
+            assert stats.steps < stats.new_tokens  # the drafted trees were accepted
+        else:
+            assert drafts == [] and sum(stats.settings.values()) == stats.steps - 1  # the chooser planned
 
 
 def test_a_later_drafter_starts_from_what_an_earlier_one_learnt():
