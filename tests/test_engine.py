@@ -199,11 +199,25 @@ def test_seeded_sampling_is_the_same_alone_in_a_batch_and_without_lookahead():
     alone = [run_engine(model, LookaheadConfig(0, 4, 4), [p], [0], seeds=[s], temperature=0.7)[0][0]
              for p, s in zip(prompts, seeds, strict=True)]  # fmt: skip
     batched, stats = run_engine(model, LookaheadConfig(4, 4, 4), prompts, [0, 2, 5], seeds=seeds, temperature=0.7)
-    plain, _ = run_engine(model, LookaheadConfig(0, 2, 0), prompts, [0, 0, 0], seeds=seeds, temperature=0.7)
+    plain = [_generate_with_position_noise(model, p, s, 0.7) for p, s in zip(prompts, seeds, strict=True)]
     assert batched == alone == plain
     assert sum(stats.accepted_hist[1:]) > 0
     other, _ = run_engine(model, LookaheadConfig(0, 4, 4), prompts[:1], [0], seeds=[99], temperature=0.7)
     assert other[0] != alone[0]
+
+
+def _generate_with_position_noise(model, prompt, seed, temperature):
+    """Without lookahead: transformers' own greedy loop over the processed logits plus the noise
+    of (seed, position) (the engine's rule, written out apart from it), up to EOS or NEW tokens."""
+    from transformers import LogitsProcessor
+
+    class PositionNoise(LogitsProcessor):
+        def __call__(self, input_ids, scores):  # scores [1, V]; the token drawn sits at input_ids' length
+            return scores.double() + position_noise(seed, input_ids.shape[1], scores.shape[-1])
+
+    processors = LogitsProcessorList([TemperatureLogitsWarper(temperature), TopKLogitsWarper(20), PositionNoise()])
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False, logits_processor=processors)
+    return out[0, len(prompt) :].tolist()
 
 
 def test_position_noise_samples_the_processed_distribution_exactly():
@@ -482,7 +496,7 @@ def test_chat_template_errors_are_400_naming_messages():
 
 async def ask(service, prompt, delay=0.0, cancel=False):
     """Submit ``prompt`` to ``service`` after ``delay`` s -> (tokens, finish reason); with ``cancel``,
-    cancel it once the first tokens arrived -> (those tokens, "cancelled")."""
+    cancel it once the first tokens arrived -> (those tokens, the request)."""
     await asyncio.sleep(delay)
     request = Request(prompt_ids=prompt, max_tokens=NEW)
     service.submit(request)
@@ -493,7 +507,7 @@ async def ask(service, prompt, delay=0.0, cancel=False):
         reason = event.finish_reason
         if cancel and tokens:
             service.cancel(request)
-            return tokens, "cancelled"
+            return tokens, request
     return tokens, reason
 
 
@@ -513,10 +527,14 @@ def test_service_admits_requests_as_they_arrive_and_frees_cancelled_ones():
             expected = model.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False)
             assert tokens == expected[0, len(prompt) :].tolist()
             assert reason in ("length", "stop")
-        assert results[-1][1] == "cancelled"
     finally:
         service.shutdown(timeout=30)
     assert service.active == 0 and service.queue_depth == 0
+    # the cancelled request left the batch at the next step boundary: it took at most one step
+    # after its first tokens (up to N = 4 tokens), far from its 30, and says why it left
+    cancelled = results[-1][1].seq
+    assert cancelled.cancelled and cancelled.finished
+    assert len(cancelled.committed) - len(prompts[0]) <= len(results[-1][0]) + 4 < NEW
 
 
 def test_service_drafts_a_lone_request_and_batches_the_rest():

@@ -7,6 +7,8 @@ text is compared with plain ``model.generate``. Bounds are on counts (tokens, st
 
 import asyncio
 import math
+import threading
+import time
 
 import pytest
 import torch
@@ -15,6 +17,7 @@ from tiny_models import repetitive_prompt, tiny_model
 from lookahead import LookaheadConfig
 from lookahead import runner as runner_module
 from lookahead.engine import Engine
+from lookahead.pool import SharedPool
 from lookahead.runner import DecoderRunner
 from lookahead.service import Request, Service
 from lookahead.slab import Slab
@@ -165,3 +168,148 @@ def _inject(monkeypatch, stage: str, doomed: int) -> None:
             return pad(states, width, value)
 
         monkeypatch.setattr(runner_module, "_left_pad", failing_pad)
+
+
+def test_a_finished_text_goes_into_the_warm_pool_a_bounded_number_of_positions_per_step(monkeypatch):
+    """A finished request's text is added to the warm pool in pieces of at most POOL_FEED positions,
+    one piece per engine step (a 32k-token text took 205 ms at once, stalling every stream), and
+    the pool ends exactly as one add_text of the whole text leaves it."""
+    model = tiny_model("llama")
+    shared = SharedPool()
+    service = Service(model, CFG, max_batch_size=2, max_queue=4, shared_pool=shared)
+    monkeypatch.setattr(service, "POOL_FEED", 16)
+    pieces = []
+    add = shared.add_text
+    monkeypatch.setattr(shared, "add_text", lambda tokens, start=0, stop=None: (
+        pieces.append((start, stop)), add(tokens, start, stop))[1])  # fmt: skip
+    prompt = repetitive_prompt(70, 4)[0].tolist()
+
+    async def main():
+        request = Request(prompt_ids=prompt, max_tokens=10)
+        service.submit(request)
+        return await collect(request), request
+
+    try:
+        (tokens, _), request = asyncio.run(asyncio.wait_for(main(), 60))
+        deadline = time.monotonic() + 30
+        while service._feeding and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        service.shutdown(timeout=30)
+    text = prompt + tokens
+    assert pieces and all(stop - start <= 16 for start, stop in pieces)
+    assert [p[0] for p in pieces] == list(range(0, len(text), 16))[: len(pieces)]
+    whole = SharedPool()
+    whole.add_text(text)
+    assert list(shared._lru) == list(whole._lru)
+
+
+def test_a_request_ended_on_a_stop_string_feeds_the_pool_up_to_the_stop():
+    """``Service.stop(request, k)``: the request leaves the batch, and its prompt and first k
+    tokens (not the tokens after the stop string) feed the warm pool; a cancelled request's text
+    feeds nothing."""
+    model = tiny_model("llama")
+    shared = SharedPool(max_suffix=1, span=1)
+    service = Service(model, LookaheadConfig(0, 2, 0), max_batch_size=2, max_queue=4, shared_pool=shared)
+    stopped, cancelled = repetitive_prompt(10, 5)[0].tolist(), repetitive_prompt(10, 6)[0].tolist()
+
+    async def run(prompt, end):
+        request = Request(prompt_ids=prompt, max_tokens=200)
+        service.submit(request)
+        tokens = []
+        while len(tokens) < 3:
+            tokens += (await request.events.get()).tokens
+        end(request)
+        return request
+
+    try:
+        kept = asyncio.run(run(stopped, lambda r: service.stop(r, 2)))
+        gone = asyncio.run(run(cancelled, service.cancel))
+        deadline = time.monotonic() + 30
+        while (kept.seq.finished is False or gone.seq.finished is False or service._feeding) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.01)
+    finally:
+        service.shutdown(timeout=30)
+    fed = SharedPool(max_suffix=1, span=1)
+    fed.add_text(kept.seq.committed[: len(stopped) + 2])
+    assert len(kept.seq.committed) > len(stopped) + 2  # tokens past the stop were generated, not fed
+    assert list(shared._lru) == list(fed._lru)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the thread is killed
+def test_health_reflects_a_stuck_or_dead_engine_thread(monkeypatch):
+    """``Service.health()``: ok while the engine steps; not ok while a step has taken longer than
+    stall_seconds with work waiting, nor once the engine thread has died."""
+    model = tiny_model("llama")
+    service = Service(model, CFG, max_batch_size=2, max_queue=4, stall_seconds=0.3)
+    release = threading.Event()
+    forward = model.forward
+
+    def stuck(*args, **kwargs):
+        release.wait(20)
+        return forward(*args, **kwargs)
+
+    async def main():
+        assert service.health()["ok"]
+        model.forward = stuck
+        request = Request(prompt_ids=repetitive_prompt(9, 0)[0].tolist(), max_tokens=4)
+        service.submit(request)
+        await asyncio.sleep(0.8)
+        during = service.health()
+        release.set()
+        del model.forward
+        await collect(request)
+        return during, service.health()
+
+    try:
+        during, after = asyncio.run(asyncio.wait_for(main(), 60))
+    finally:
+        release.set()
+        if "forward" in vars(model):
+            del model.forward
+    assert not during["ok"] and "no engine step" in during["reason"]
+    assert after["ok"]
+    monkeypatch.setattr(service, "_plan", lambda: 1 / 0)  # the thread's own loop fails: it dies
+    reason = asyncio.run(asyncio.wait_for(_ask_once(service), 30))
+    service._thread.join(10)
+    dead = service.health()
+    assert not dead["ok"] and "stopped" in dead["reason"]
+    assert reason.startswith("error:")  # the request that found it dying is not left waiting
+
+
+async def _ask_once(service) -> str:
+    request = Request(prompt_ids=[1, 5, 6], max_tokens=2)
+    service.submit(request)  # wakes the engine thread
+    return (await collect(request))[1]
+
+
+def test_a_drain_that_times_out_fails_what_is_left_and_stops():
+    """``shutdown(timeout)`` waits at most about ``timeout`` for requests in flight (a client that
+    stopped reading must not hold the server forever), then each gets a final error event and the
+    engine thread stops."""
+    model = tiny_model("llama")
+    service = Service(model, LookaheadConfig(0, 2, 0), max_batch_size=2, max_queue=4)
+    forward = model.forward
+    model.forward = lambda *a, **k: (time.sleep(0.02), forward(*a, **k))[1]  # about 50 steps a second
+    request = Request(prompt_ids=repetitive_prompt(9, 0)[0].tolist(), max_tokens=100_000)
+    events = []
+
+    async def main():
+        service.submit(request)
+        events.append(await request.events.get())
+        began = time.monotonic()
+        await asyncio.to_thread(service.shutdown, 0.5)
+        took = time.monotonic() - began
+        while True:
+            event = await asyncio.wait_for(request.events.get(), 10)
+            if event.finish_reason:
+                return event.finish_reason, took
+
+    try:
+        reason, took = asyncio.run(asyncio.wait_for(main(), 60))
+    finally:
+        del model.forward
+    assert took < 5 and not service._thread.is_alive()
+    assert reason == "error: the server shut down before the request finished"

@@ -140,6 +140,7 @@ class Service:
         self._prefilling: tuple[Request, ChunkedPrefill] | None = None  # a long prompt, chunk by chunk
         self.stall_seconds = stall_seconds
         self._progress_at = time.monotonic()  # when the engine thread last finished a step or woke
+        self._stepping = False  # the engine thread is in a step (or its prefills)
         self.on_step = on_step  # on_step(seconds, active, forward passes, sequence steps, tokens): metrics
         self._pending: deque[Request] = deque()
         self._by_seq: dict[int, Request] = {}
@@ -239,7 +240,7 @@ class Service:
 
     @property
     def _busy(self) -> bool:
-        return bool(self._pending or self.engine.active or self._prefilling)
+        return bool(self._stepping or self._pending or self.engine.active or self._prefilling)
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Stop admitting and let what is in flight finish, for at most ``timeout`` seconds (None:
@@ -265,7 +266,15 @@ class Service:
             return
         finally:
             ready.set()
-        self._run()
+        try:
+            self._run()
+        except BaseException as err:  # its own loop failed: say so, and leave no request waiting
+            logger.critical("the engine thread stopped", exc_info=err)
+            with self._cond:
+                self._stopping, waiting = True, list(self._pending)
+                self._pending.clear()
+            self._fail_all(waiting, err)
+            raise
 
     def _run(self) -> None:
         with torch.inference_mode():
@@ -280,6 +289,7 @@ class Service:
                 for request in self._by_seq.values():
                     if request.cancelled:
                         self.engine.cancel(request.seq)
+                self._stepping = True
                 try:
                     self._advance(plan)
                 except Exception as err:  # fail every request in flight rather than hang them
@@ -289,7 +299,7 @@ class Service:
                     except Exception:  # noqa: BLE001 - the thread must outlive any one failure
                         logger.exception("could not report the failure")
                 self._feed_pools()
-                self._progress_at = time.monotonic()
+                self._progress_at, self._stepping = time.monotonic(), False
             if self._abandon:
                 self._fail_all(list(self._pending), ShutdownTimeout("the server shut down before the request finished"))
 
