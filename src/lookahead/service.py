@@ -236,7 +236,14 @@ class Service:
             reason = "the engine thread has stopped"
         elif self._busy and time.monotonic() - self._progress_at > self.stall_seconds:
             reason = f"no engine step has finished for over {self.stall_seconds:g} s"
-        return {"ok": reason is None, "reason": reason, "active": self.active, "queued": self.queue_depth}
+        pools = [self.shared_pool] if not self.pool_scopes else list(self._pools.values())
+        return {
+            "ok": reason is None,
+            "reason": reason,
+            "active": self.active,
+            "queued": self.queue_depth,
+            "pool_entries": sum(len(pool) for pool in pools if pool is not None),
+        }
 
     @property
     def _busy(self) -> bool:
