@@ -120,3 +120,39 @@ def test_a_server_limits_a_longrope_model_s_requests_to_its_threshold(caplog):
             parse_request(body, False, "m", None, service.spec.context_limit, 16, 96)
     finally:
         service.shutdown(timeout=30)
+
+
+@pytest.mark.parametrize("arch, table", [("gpt2", 256), ("opt", 256), ("llama", None), ("phi3", None)])
+def test_only_a_learned_position_table_limits_positions(arch, table):
+    """GPT-2's wpe and OPT's learned positions end; rotary embeddings compute any position."""
+    assert check_model(tiny_model(arch)).max_positions == table
+
+
+@pytest.mark.parametrize("make", [lambda: tiny_model("llama"), lambda: longrope(32)], ids=["rope", "longrope"])
+def test_a_rope_model_runs_past_max_position_embeddings_as_generate_does(make):
+    """A 600-token prompt on a model whose max_position_embeddings is 512: plain generate runs it
+    (with a warning), and so does lookahead, with wide steps past position 512."""
+    model = make()
+    assert model.config.max_position_embeddings == 512
+    prompt = repetitive_prompt(600, seed=5)
+    expected = model.generate(prompt, max_new_tokens=24, eos_token_id=None)
+    la = Lookahead(0, 4, 4)
+    got = model.generate(prompt, max_new_tokens=24, eos_token_id=None, custom_generate=la)
+    assert torch.equal(got, expected)
+    assert sum(la.last_stats.accepted_hist[1:]) > 0  # candidates accepted past position 512
+
+
+@pytest.mark.parametrize(
+    "rope, t_position, highest",
+    [
+        # (RoPE kind, t's position, the highest position its step may reach); threshold 32
+        ("longrope", 20, 31),  # below the threshold: stay below it
+        ("longrope", 32, None),  # past it the long factors are fixed: any width
+        ("dynamic", 20, 31),
+        ("dynamic", 32, 32),  # past it every new highest position rescales: t alone
+        ("dynamic", 40, 40),
+    ],
+)
+def test_steps_past_a_rope_threshold_are_wide_unless_the_rope_is_dynamic(rope, t_position, highest):
+    model = longrope() if rope == "longrope" else dynamic()
+    assert check_model(model).position_limit(t_position) == highest

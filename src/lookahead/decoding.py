@@ -384,8 +384,10 @@ def model_batch_costs(model, spec: MaskSpec, batch: int, rows: int) -> BatchCost
 
 
 def _context(spec: MaskSpec, length: int) -> int:
-    """``length`` cached tokens, or fewer where the model's position table leaves less room."""
-    return length if spec.max_positions is None else min(length, spec.max_positions // 4)
+    """``length`` cached tokens, or fewer where the model's position table or RoPE threshold leaves
+    less room (a dynamic RoPE keeps the frequencies of the longest pass it has seen)."""
+    limit = spec.context_limit
+    return length if limit is None else min(length, limit // 4)
 
 
 def _calibration_step(model, spec: MaskSpec, batch: int = 1, length: int = 64):
@@ -405,8 +407,8 @@ def _calibration_step(model, spec: MaskSpec, batch: int = 1, length: int = 64):
         runner.prefill([[1] * (context - b % 2) for b in range(batch)])
 
     def step(k: int) -> None:
-        if spec.max_positions is not None and context + k >= spec.max_positions:
-            k = spec.max_positions - context - 1  # the position table's end: time what fits
+        if spec.context_limit is not None and context + k >= spec.context_limit:
+            k = spec.context_limit - context - 1  # the position table's end, or a RoPE threshold: time what fits
         runner.step(build_layout(1, 0, 0, 1 if k > 1 else 0, k - 1), [[1] * k] * batch)
         if device.type != "cpu":  # the pass has finished before the clock is read
             torch.accelerator.synchronize(device)

@@ -45,7 +45,10 @@ class MaskSpec:
 
     layer_types: tuple[str, ...]  # distinct types, e.g. ("full_attention", "sliding_attention")
     sliding_window: int | None
-    max_positions: int | None  # size of a learned position table, if any bound is known
+    # rows of the model's position table (GPT-2's wpe, OPT's and BART's learned positions, Marian's
+    # sinusoids), past whose end it cannot run; None where positions are computed (rotary, ALiBi,
+    # relative biases), which plain generate runs past max_position_embeddings (check_model)
+    max_positions: int | None
     keeps_logits: bool = False  # forward() takes logits_to_keep (set by check_model)
     encoder_decoder: bool = False  # lookahead runs in the decoder, over aligned linear steps
     positions: bool = True  # takes position_ids and 4D masks; False: linear steps with 2D masks
@@ -61,6 +64,9 @@ class MaskSpec:
     # ``prepare_inputs_for_generation`` drops it on reaching original_max_position_embeddings, so
     # that every key gets the long factors); the loop then does the same (``Engine._refill``)
     refill_at: int | None = None
+    # past rope_threshold the frequencies keep changing with every new highest position ("dynamic"
+    # RoPE rescales them for each longer text; longrope's long factors stay fixed once reached)
+    rope_dynamic: bool = False
 
     @property
     def context_limit(self) -> int | None:
@@ -73,9 +79,12 @@ class MaskSpec:
     def position_limit(self, t_position: int) -> int | None:
         """The highest position a step whose t sits at ``t_position`` may reach, filler slots
         included: within the position table, and below ``rope_threshold`` while t is (a plain
-        step's rotary frequencies depend on t's position alone; a wider step must not change them)."""
+        step's rotary frequencies depend on t's position alone; a wider step must not change them);
+        past the threshold of a dynamic RoPE, t's own (every new position rescales them)."""
         if self.rope_threshold is not None and t_position < self.rope_threshold:
             return self.rope_threshold - 1
+        if self.rope_dynamic and self.rope_threshold is not None:
+            return t_position
         if self.max_positions is None:
             return None
         return max(self.max_positions - 1, t_position)
@@ -162,19 +171,25 @@ def mask_spec(config) -> MaskSpec:
     if "sliding_attention" in types and not sliding:
         types = tuple(dict.fromkeys("full_attention" for _ in types))
     max_positions = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
+    threshold, dynamic = _rope_threshold(text)
     return MaskSpec(
-        layer_types=types, sliding_window=sliding, max_positions=max_positions, rope_threshold=_rope_threshold(text)
+        layer_types=types,
+        sliding_window=sliding,
+        max_positions=max_positions,
+        rope_threshold=threshold,
+        rope_dynamic=dynamic,
     )
 
 
-def _rope_threshold(text) -> int | None:
+def _rope_threshold(text) -> tuple[int | None, bool]:
     """Where the model's rotary frequencies start to depend on a forward pass's highest position
-    (see ``MaskSpec.rope_threshold``), or None where they never do."""
+    (see ``MaskSpec.rope_threshold``), or None where they never do; and whether they keep changing
+    past it (``MaskSpec.rope_dynamic``)."""
     params = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
     if not isinstance(params, dict):
-        return None
+        return None, False
     nested = [p for p in params.values() if isinstance(p, dict)]  # by layer type
-    found = []
+    found, dynamic = [], False
     for entry in nested or [params]:
         kind = entry.get("rope_type") or entry.get("type") or ""
         if kind == "longrope":
@@ -184,8 +199,33 @@ def _rope_threshold(text) -> int | None:
             found.append(original)
         elif "dynamic" in kind:
             found.append(getattr(text, "max_position_embeddings", None))
+            dynamic = True
     found = [x for x in found if x]
-    return min(found) if found else None
+    return (min(found), dynamic) if found else (None, False)
+
+
+def _model_spec(model) -> MaskSpec:
+    """The config's layout, with the position limit the model's own modules set (a table, or none)."""
+    spec = mask_spec(model.config)
+    return dataclasses.replace(spec, max_positions=_position_table(model, spec.max_positions))
+
+
+def _position_table(model, positions: int | None) -> int | None:
+    """``positions`` where the model looks positions up in a table of that many rows, past whose end
+    it cannot run: an embedding other than the token embeddings with ``positions`` rows, or 2 more
+    (OPT and BART offset theirs by 2). None where it has none: rotary embeddings, ALiBi and
+    relative biases compute any position, and plain generate runs past max_position_embeddings."""
+    if positions is None:
+        return None
+    tokens = model.get_input_embeddings().weight
+    for module in model.modules():
+        if (
+            isinstance(module, torch.nn.Embedding)
+            and module.weight is not tokens
+            and positions <= module.num_embeddings <= positions + 2
+        ):
+            return positions
+    return None
 
 
 _checked: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple[str, torch.dtype], MaskSpec]] = (
@@ -208,7 +248,7 @@ def check_model(model) -> MaskSpec:
     name = type(model).__name__
     if getattr(config, "is_encoder_decoder", False):
         # no custom mask or position_ids reach the decoder (see lookahead.runner): nothing to probe
-        spec = dataclasses.replace(mask_spec(config), encoder_decoder=True, layer_types=("full_attention",))
+        spec = dataclasses.replace(_model_spec(model), encoder_decoder=True, layer_types=("full_attention",))
         _checked[model] = (key, spec)
         return spec
     declared = getattr(config.get_text_config(decoder=True), "layer_types", None) or ()
@@ -225,7 +265,7 @@ def check_model(model) -> MaskSpec:
             f"{name} uses attn_implementation={attn!r}, which ignores custom 4D attention masks. "
             "Load it with attn_implementation='sdpa' or 'eager'."
         )
-    spec = dataclasses.replace(mask_spec(config), keeps_logits=model._supports_logits_to_keep())
+    spec = dataclasses.replace(_model_spec(model), keeps_logits=model._supports_logits_to_keep())
     problem, cache = _probe_full(model, spec)
     if problem is None:
         spec = dataclasses.replace(spec, cache_shape=uniform_shape(cache))
