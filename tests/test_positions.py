@@ -156,3 +156,22 @@ def test_a_rope_model_runs_past_max_position_embeddings_as_generate_does(make):
 def test_steps_past_a_rope_threshold_are_wide_unless_the_rope_is_dynamic(rope, t_position, highest):
     model = longrope() if rope == "longrope" else dynamic()
     assert check_model(model).position_limit(t_position) == highest
+
+
+def _left_padded(prompt: torch.Tensor, pads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.cat([torch.zeros(1, pads, dtype=torch.long), prompt], dim=1)
+    mask = (torch.arange(ids.shape[1]) >= pads).long()[None]
+    return ids, mask
+
+
+@pytest.mark.parametrize("pads, length", [(4, 20), (2, 28), (1, 31)])
+def test_one_left_padded_prompt_crossing_a_longrope_threshold_matches_generate(pads, length):
+    """Phi-3's generate recomputes its cache where the text *with its padding* reaches 33 tokens,
+    before its positions reach 32 (the same short factors: nothing changes); at position 32 the long
+    factors key the new tokens only. Lookahead must not recompute at position 32 then."""
+    model = longrope()
+    ids, mask = _left_padded(repetitive_prompt(length, seed=3), pads)
+    kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=30, eos_token_id=None)
+    expected = model.generate(**kwargs)
+    for la in SETTINGS:
+        assert torch.equal(model.generate(**kwargs, custom_generate=la), expected), la

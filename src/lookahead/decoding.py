@@ -195,6 +195,11 @@ class Lookahead:
             stop_ends_seq=has_eos or batch == 1,
         )
         prompts = prompt_rows(input_ids, model_kwargs.get("attention_mask"), spec)
+        if batch == 1 and len(prompts[0]) < input_ids.shape[1]:
+            # Phi-3's generate recomputes its cache where the text *with its padding* reaches refill_at:
+            # with left padding, before the positions reach the threshold (a recompute under the same
+            # short factors, which changes nothing) or never; the long factors key the new tokens only
+            spec = dataclasses.replace(spec, refill_at=None)
         if batch > 1 and spec.rope_threshold is not None and generation_config.max_length > spec.rope_threshold:
             raise ValueError(
                 f"this model's rotary embedding changes once a forward pass reaches position {spec.rope_threshold} "
