@@ -10,7 +10,7 @@ from tiny_models import COMMON, CONFIGS, repetitive_prompt, tiny_model
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from lookahead import Lookahead
-from lookahead.support import check_model
+from lookahead.support import UnsupportedModelError, check_model
 
 SETTINGS = [Lookahead(4, 4, 4), Lookahead(0, 4, 4), Lookahead()]
 
@@ -175,3 +175,38 @@ def test_one_left_padded_prompt_crossing_a_longrope_threshold_matches_generate(p
     expected = model.generate(**kwargs)
     for la in SETTINGS:
         assert torch.equal(model.generate(**kwargs, custom_generate=la), expected), la
+
+
+def _asks(model, prepare) -> None:
+    """Replace the model's prepare_inputs_for_generation, the method the model check asks."""
+    model.prepare_inputs_for_generation = prepare.__get__(model)
+
+
+@pytest.mark.parametrize("error", [RuntimeError("out of memory"), TypeError("'NoneType' object is not subscriptable")])
+def test_a_model_check_that_fails_is_surfaced_not_taken_as_keeping_the_cache(error):
+    """Whether Phi-3's generate recomputes its cache at the threshold is asked of the model; a failure
+    there means lookahead cannot know, so it refuses, naming the model and the error."""
+    model = longrope()
+
+    def prepare(self, input_ids, **kwargs):
+        raise error
+
+    _asks(model, prepare)
+    with pytest.raises(UnsupportedModelError, match=f"Phi3ForCausalLM.*{type(error).__name__}: {error}"):
+        check_model(model)
+
+
+def test_a_model_whose_signature_cannot_take_the_check_keeps_its_cache_with_a_warning(caplog):
+    """A prepare_inputs_for_generation that needs inputs of its own cannot be asked: taken to keep its
+    cache, as before, and the log says so."""
+    import logging
+
+    model = longrope()
+
+    def prepare(self, input_ids, pixel_values, cache=None, attention_mask=None, next_sequence_length=None):
+        raise AssertionError("never called")
+
+    _asks(model, prepare)
+    with caplog.at_level(logging.WARNING, logger="lookahead"):
+        assert check_model(model).refill_at is None
+    assert "cannot be asked whether it recomputes its cache at position 32" in caplog.text

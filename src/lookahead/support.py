@@ -20,6 +20,8 @@ keyed by layer type; models with one type take a single tensor.
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import logging
 import weakref
 from dataclasses import dataclass
 
@@ -27,6 +29,8 @@ import torch
 from transformers import DynamicCache
 
 from .slab import uniform_shape
+
+logger = logging.getLogger(__name__)
 
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
 SUPPORTED_ATTENTION = ("eager", "sdpa")
@@ -285,18 +289,35 @@ def check_model(model) -> MaskSpec:
 def _drops_cache_at(model, threshold: int) -> bool:
     """Whether the model's ``prepare_inputs_for_generation`` (what plain generate calls before
     every forward pass) drops a cache of ``threshold`` tokens once the text holds one more: then
-    plain decoding recomputes every key there. Asked with a stand-in cache whose length alone is
-    real; a model that cannot answer is taken to keep its cache."""
+    plain decoding recomputes every key there. Asked as generate asks, with a stand-in cache whose
+    length alone is real. A model whose signature cannot take the question (it needs inputs of its
+    own) is taken to keep its cache; one that fails on it is refused: lookahead could not know
+    where plain generate recomputes the cache."""
     cache = DynamicCache()
     dummy = torch.zeros(1, 1, threshold, 1, device=model.device)
     cache.update(dummy, dummy, 0)
     ids = torch.zeros(1, threshold + 1, dtype=torch.long, device=model.device)
+    question = dict(input_ids=ids, next_sequence_length=1, cache=cache, attention_mask=torch.ones_like(ids))
+    prepare = model.prepare_inputs_for_generation
     try:
-        inputs = model.prepare_inputs_for_generation(
-            input_ids=ids, cache=cache, attention_mask=torch.ones_like(ids), use_cache=True
+        inspect.signature(prepare).bind(**question, use_cache=True)
+    except TypeError as err:  # a model-specific signature: no answer
+        logger.warning(
+            "%s.prepare_inputs_for_generation cannot be asked whether it recomputes its cache at position %d (%s): "
+            "taken to keep it",
+            type(model).__name__,
+            threshold,
+            err,
         )
-    except Exception:  # noqa: BLE001 - a model-specific signature or check: no answer
         return False
+    try:
+        inputs = prepare(**question, use_cache=True)
+    except Exception as err:
+        raise UnsupportedModelError(
+            f"{type(model).__name__}.prepare_inputs_for_generation failed when asked whether plain generate "
+            f"recomputes the cache at position {threshold} ({type(err).__name__}: {err}), so lookahead decoding "
+            "cannot promise its output: use plain generate for this model"
+        ) from err
     return inputs.get("cache", inputs.get("past_key_values")) is None
 
 
