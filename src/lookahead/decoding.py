@@ -32,7 +32,7 @@ from .lookup import ContextIndex
 from .pool import NGramPool
 from .runner import DecoderRunner, Seq2SeqRunner
 from .sequences import Emitter, SeqState, assemble
-from .step import SYNCED_GPUS_REFUSED, prompt_rows, validate_call
+from .step import SYNCED_GPUS_REFUSED, caller_cache, fill_cache, prompt_rows, validate_call
 from .support import MaskSpec, check_model
 from .tuning import (
     BATCH_CONTEXTS,
@@ -195,6 +195,7 @@ class Lookahead:
             stop_ends_seq=has_eos or batch == 1,
         )
         prompts = prompt_rows(input_ids, model_kwargs.get("attention_mask"), spec)
+        target = caller_cache(model_kwargs, batch, spec)  # filled at the end, as plain generate fills it
         if batch == 1 and len(prompts[0]) < input_ids.shape[1]:
             # Phi-3's generate recomputes its cache where the text *with its padding* reaches refill_at:
             # with left padding, before the positions reach the threshold (a recompute under the same
@@ -237,7 +238,7 @@ class Lookahead:
             emitter,
             stats,
             model_kwargs,
-            keep_cache=want and batch == 1,
+            keep_cache=(want or target is not None) and batch == 1,
             drafter=drafter,
             whole_batch=True,
         )
@@ -259,10 +260,12 @@ class Lookahead:
         if streamer is not None:
             streamer.end()
         logger.debug("lookahead %s: %s", cfg, stats.as_dict())
+        if target is not None:
+            fill_cache(target, engine.runner.cache)
         if not want:
             return sequences
         # a batch's cache holds holes (see lookahead.runner) and finished sequences were dropped from it
-        cache = engine.runner.hand_back() if batch == 1 else None
+        cache = target if target is not None else engine.runner.hand_back() if batch == 1 else None
         outputs = dict(
             sequences=sequences,
             scores=emitter.scores if generation_config.output_scores else None,
