@@ -125,7 +125,7 @@ def test_a_server_limits_a_longrope_model_s_requests_to_its_threshold(caplog):
 @pytest.mark.parametrize("arch, table", [("gpt2", 256), ("opt", 256), ("llama", None), ("phi3", None)])
 def test_only_a_learned_position_table_limits_positions(arch, table):
     """GPT-2's wpe and OPT's learned positions end; rotary embeddings compute any position."""
-    assert check_model(tiny_model(arch)).max_positions == table
+    assert check_model(tiny_model(arch)).position_table == table
 
 
 @pytest.mark.parametrize("make", [lambda: tiny_model("llama"), lambda: longrope(32)], ids=["rope", "longrope"])

@@ -225,10 +225,10 @@ def prompt_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, sp
             tokens = tokens[first:]
         if not tokens:
             raise ValueError(f"the prompt of sequence {b} is empty once its padding is removed")
-        if spec.max_positions is not None and len(tokens) > spec.max_positions:
+        if spec.position_table is not None and len(tokens) > spec.position_table:
             raise ValueError(
                 f"the prompt of sequence {b} has {len(tokens)} tokens but the model takes at most "
-                f"{spec.max_positions} positions: shorten the prompt"
+                f"{spec.position_table} positions: shorten the prompt"
             )
         rows.append(tokens)
     return rows

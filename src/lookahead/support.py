@@ -49,9 +49,9 @@ class MaskSpec:
 
     layer_types: tuple[str, ...]  # distinct types, e.g. ("full_attention", "sliding_attention")
     sliding_window: int | None
-    # rows of the model's position table (GPT-2's wpe, OPT's and BART's learned positions, Marian's
-    # sinusoids), past whose end it cannot run; None where positions are computed (rotary, ALiBi,
-    # relative biases), which plain generate runs past max_position_embeddings (check_model)
+    # the context the model states (max_position_embeddings, n_positions), if any: a server holds its
+    # requests to it (context_limit), as vLLM's max_model_len does; generate runs past it unless the
+    # model has a position table (position_table)
     max_positions: int | None
     keeps_logits: bool = False  # forward() takes logits_to_keep (set by check_model)
     encoder_decoder: bool = False  # lookahead runs in the decoder, over aligned linear steps
@@ -71,12 +71,16 @@ class MaskSpec:
     # past rope_threshold the frequencies keep changing with every new highest position ("dynamic"
     # RoPE rescales them for each longer text; longrope's long factors stay fixed once reached)
     rope_dynamic: bool = False
+    # rows of the model's position table (GPT-2's wpe, OPT's and BART's learned positions, Marian's
+    # sinusoids), past whose end it cannot run; None where positions are computed (rotary, ALiBi,
+    # relative biases), which plain generate runs past max_position_embeddings (check_model)
+    position_table: int | None = None
 
     @property
     def context_limit(self) -> int | None:
         """The most tokens a sequence may hold when its steps share forward passes with other
-        sequences (a server's batch): past ``rope_threshold``, one sequence's positions would
-        change the rotary frequencies of the others'."""
+        sequences (a server's batch): the model's stated context, and ``rope_threshold``, past which
+        one sequence's positions would change the rotary frequencies of the others'."""
         limits = [x for x in (self.max_positions, self.rope_threshold) if x is not None]
         return min(limits) if limits else None
 
@@ -89,9 +93,9 @@ class MaskSpec:
             return self.rope_threshold - 1
         if self.rope_dynamic and self.rope_threshold is not None:
             return t_position
-        if self.max_positions is None:
+        if self.position_table is None:
             return None
-        return max(self.max_positions - 1, t_position)
+        return max(self.position_table - 1, t_position)
 
     @property
     def linear(self) -> bool:
@@ -182,6 +186,7 @@ def mask_spec(config) -> MaskSpec:
         max_positions=max_positions,
         rope_threshold=threshold,
         rope_dynamic=dynamic,
+        position_table=max_positions,  # until check_model has looked at the model's modules
     )
 
 
@@ -209,9 +214,9 @@ def _rope_threshold(text) -> tuple[int | None, bool]:
 
 
 def _model_spec(model) -> MaskSpec:
-    """The config's layout, with the position limit the model's own modules set (a table, or none)."""
+    """The config's layout, with the position table the model's own modules hold (or none)."""
     spec = mask_spec(model.config)
-    return dataclasses.replace(spec, max_positions=_position_table(model, spec.max_positions))
+    return dataclasses.replace(spec, position_table=_position_table(model, spec.max_positions))
 
 
 def _position_table(model, positions: int | None) -> int | None:
