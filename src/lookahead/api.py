@@ -13,6 +13,7 @@ them (as vLLM and SGLang do), else OpenAI's (temperature 1, no top-p or top-k cu
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
@@ -43,6 +44,9 @@ _COMMON = {"model", "stream", "stream_options", "max_tokens", "temperature", "to
 _FIELDS = {False: _COMMON | {"prompt"}, True: _COMMON | {"messages", "max_completion_tokens"}}
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MIN_TEMPERATURE = 1e-5  # below it a request is greedy (the limit of sampling as temperature falls)
+MAX_STOP_STRINGS, MAX_STOP_CHARS = 16, 1000  # each push looks for every stop string in the unsent text
+SEED_RANGE = (-(2**63), 2**63 - 1)  # a 64-bit integer, as OpenAI's and vLLM's seeds are
+MAX_DIGITS = 100  # a longer integer in a body is out of every field's range: it is not converted
 
 
 class ApiError(Exception):
@@ -57,6 +61,35 @@ class ApiError(Exception):
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+class _HugeInt(int):
+    """An integer of more than ``MAX_DIGITS`` digits, kept as a number past every field's range
+    (Python refuses to convert one of over 4,300 digits, and converting is quadratic)."""
+
+    def __new__(cls, digits: str):
+        value = super().__new__(cls, -(10**MAX_DIGITS) if digits.startswith("-") else 10**MAX_DIGITS)
+        value.digits = len(digits.lstrip("-"))
+        return value
+
+    def __repr__(self) -> str:
+        return f"a {self.digits}-digit integer"
+
+    __str__ = __repr__
+
+
+def _parse_int(digits: str) -> int:
+    return int(digits) if len(digits) <= MAX_DIGITS else _HugeInt(digits)
+
+
+def decode_body(raw: bytes):
+    """The JSON value of a request body; :class:`ApiError` (400) when it is not JSON."""
+    try:
+        return json.loads(raw, parse_int=_parse_int)
+    except RecursionError as err:
+        raise ApiError(400, "the body nests arrays or objects too deeply to decode: flatten it") from err
+    except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
+        raise ApiError(400, f"the body is not valid JSON: {err}") from err
 
 
 @dataclass(frozen=True)
@@ -124,7 +157,7 @@ def _bad(param: str, message: str) -> ApiError:
     return ApiError(400, message, "invalid_value", param)
 
 
-def _int(body: dict, name: str, low: int | None = None, default=None):
+def _int(body: dict, name: str, low: int | None = None, default=None, high: int | None = None):
     value = body.get(name, default)
     if value is None:
         return default
@@ -132,6 +165,8 @@ def _int(body: dict, name: str, low: int | None = None, default=None):
         raise _bad(name, f"'{name}' must be an integer, got {value!r}")
     if low is not None and value < low:
         raise _bad(name, f"'{name}' must be at least {low}, got {value}")
+    if high is not None and value > high:
+        raise _bad(name, f"'{name}' must be at most {high}, got {value}")
     return value
 
 
@@ -169,14 +204,7 @@ def _prompt_ids(body: dict, chat: bool, tokenizer, vocab_size: int) -> tuple[lis
         for i, message in enumerate(messages):
             if not isinstance(message, dict) or not isinstance(message.get("role"), str):
                 raise _bad(f"messages[{i}]", "each message needs a 'role' string and a 'content'")
-            content = message.get("content")
-            if isinstance(content, list):  # content parts: text only
-                if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-                    raise _bad(f"messages[{i}].content", "only text content parts are supported")
-                content = "".join(p.get("text", "") for p in content)
-            if not isinstance(content, str):
-                raise _bad(f"messages[{i}].content", "'content' must be a string or a list of text parts")
-            clean.append({"role": message["role"], "content": content})
+            clean.append({"role": message["role"], "content": _content(message.get("content"), i)})
         try:
             text = tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=True)
         except Exception as err:  # the template's own check (roles must alternate, ...)
@@ -201,6 +229,62 @@ def _prompt_ids(body: dict, chat: bool, tokenizer, vocab_size: int) -> tuple[lis
     return ids, "prompt"
 
 
+def _content(content, i: int) -> str:
+    """A message's text: a string, or a list of text parts joined."""
+    if isinstance(content, list):  # content parts: text only
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise _bad(f"messages[{i}].content", "only text content parts are supported")
+            if not isinstance(part.get("text"), str):
+                raise _bad(f"messages[{i}].content[{j}].text", "a text part needs a 'text' string")
+        return "".join(part["text"] for part in content)
+    if not isinstance(content, str):
+        raise _bad(f"messages[{i}].content", "'content' must be a string or a list of text parts")
+    return content
+
+
+def _text_length(body: dict, chat: bool) -> tuple[int, str]:
+    """How many characters the prompt's text has (chat: its messages' contents), before tokenizing."""
+    if not chat:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+            prompt = prompt[0]
+        return (len(prompt) if isinstance(prompt, str) else 0), "prompt"
+    messages = body.get("messages")
+    total = 0
+    for message in messages if isinstance(messages, list) else []:
+        content = message.get("content") if isinstance(message, dict) else None
+        for part in content if isinstance(content, list) else [content]:
+            text = part.get("text") if isinstance(part, dict) else part
+            total += len(text) if isinstance(text, str) else 0
+    return total, "messages"
+
+
+def _check_length_bound(body: dict, chat: bool, max_positions: int | None, max_token_chars: int | None) -> None:
+    """Refuse, before tokenizing, a prompt too long for the context whatever its tokens: no token
+    covers more than ``max_token_chars`` characters."""
+    if max_positions is None or not max_token_chars:
+        return
+    chars, param = _text_length(body, chat)
+    at_least = -(-chars // max_token_chars)
+    if at_least >= max_positions:
+        raise ApiError(400, f"the prompt has {chars} characters, so at least {at_least} tokens, but the model's "
+                       f"context is {max_positions}: shorten it", "context_length_exceeded", param)  # fmt: skip
+
+
+def _stop(body: dict) -> list[str]:
+    stop = body.get("stop")
+    stop = [stop] if isinstance(stop, str) else stop or []
+    if (
+        not isinstance(stop, list)
+        or len(stop) > MAX_STOP_STRINGS
+        or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in stop)
+    ):
+        raise _bad("stop", f"'stop' must be a non-empty string or a list of at most {MAX_STOP_STRINGS} of them, "
+                   f"each of at most {MAX_STOP_CHARS} characters")  # fmt: skip
+    return stop
+
+
 def _lookahead(body: dict) -> tuple[int | None, int | None, int | None] | None:
     value = body.get("lookahead")
     if value is None:
@@ -223,9 +307,13 @@ def parse_request(
     default_max_tokens: int,
     vocab_size: int,
     defaults: SamplingDefaults = SamplingDefaults(),
+    *,
+    max_token_chars: int | None = None,
 ) -> ParsedRequest:
     """Check a request body; raises :class:`ApiError` naming the field at fault. A sampling field
-    left out takes its value from ``defaults``."""
+    left out takes its value from ``defaults``. ``max_token_chars``: the most characters one token
+    of ``tokenizer`` covers, if known; a prompt that cannot fit the context is then refused before
+    it is tokenized."""
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object", "invalid_value")
     model = body.get("model")
@@ -235,6 +323,8 @@ def parse_request(
         raise ApiError(404, f"the model '{model}' does not exist: this server serves '{model_name}'",
                        "model_not_found", "model")  # fmt: skip
     _refuse_unsupported(body, chat)
+    stop = _stop(body)
+    _check_length_bound(body, chat, max_positions, max_token_chars)
     ids, prompt_param = _prompt_ids(body, chat, tokenizer, vocab_size)
     room = None if max_positions is None else max_positions - len(ids)
     if room is not None and room < 1:
@@ -254,10 +344,6 @@ def parse_request(
             f"of {max_positions} tokens: ask for at most {room}"
         )
         raise ApiError(400, message, "context_length_exceeded", name)
-    stop = body.get("stop")
-    stop = [stop] if isinstance(stop, str) else stop or []
-    if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
-        raise _bad("stop", "'stop' must be a non-empty string or a list of at most 4 of them")
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
         raise _bad("stream", "'stream' must be a boolean")
@@ -274,7 +360,7 @@ def parse_request(
         temperature=temperature,
         top_p=_number(body, "top_p", 0.0, 1.0, defaults.top_p),  # 0 keeps the likeliest token alone, as OpenAI's
         top_k=top_k or None,
-        seed=_int(body, "seed"),
+        seed=_int(body, "seed", SEED_RANGE[0], high=SEED_RANGE[1]),
         stop=stop,
         stream=stream,
         include_usage=bool((options or {}).get("include_usage")),
