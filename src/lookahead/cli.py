@@ -16,6 +16,7 @@ import time
 from . import models
 
 EXIT_USAGE = 2
+API_KEYS_VARIABLE = "LOOKAHEAD_API_KEYS"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -100,7 +101,44 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000, help="default: %(default)s")
     serve.add_argument("--max-batch-size", type=int, default=8, help="sequences decoded together (default: 8)")
     serve.add_argument("--max-queue", type=int, default=64, help="requests waiting before 429 (default: 64)")
-    serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/*")
+    serve.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        help="require 'Authorization: Bearer KEY' on /v1/*; may be given more than once (keys also come from "
+        f"--api-key-file and from ${API_KEYS_VARIABLE}, comma-separated, which keep them out of ps)",
+    )
+    serve.add_argument(
+        "--api-key-file", metavar="PATH", help="API keys, one a line (blank lines and #-comments skipped)"
+    )
+    serve.add_argument(
+        "--pool-scope",
+        choices=("shared", "key"),
+        help="whose n-grams a request's drafts may draw on: every request's (shared) or its own API key's (key); "
+        "default: key with more than one API key, else shared",
+    )
+    serve.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=4 * 1024 * 1024,
+        help="larger request bodies are refused with 413 (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="on SIGTERM/SIGINT, wait this long for requests in flight, then cancel them and exit 0 "
+        "(default: %(default)s)",
+    )
+    serve.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=512,
+        metavar="N",
+        help="prompt tokens prefilled per engine step, so that a long prompt is prefilled in chunks between "
+        "decode steps (default: %(default)s)",
+    )
     serve.add_argument("--plain", action="store_true", help="one-token steps only: the baseline to measure against")
     serve.add_argument("--no-shared-pool", action="store_true", help="do not share n-grams across requests")
     serve.add_argument(
@@ -145,6 +183,32 @@ def _device(name: str) -> str:
     except (RuntimeError, AssertionError) as err:
         raise ValueError(f"--device {name} cannot be used here ({str(err).splitlines()[0]}): use cpu or auto") from err
     return name
+
+
+def _api_keys(args) -> list[str]:
+    """The API keys of --api-key, --api-key-file and $LOOKAHEAD_API_KEYS, in that order, each once."""
+    import os
+    from pathlib import Path
+
+    keys = list(args.api_key)
+    if any(not key.strip() for key in keys):
+        raise ValueError("--api-key is empty (an unset variable?): give a key, or drop the flag to serve without one")
+    if args.api_key_file is not None:
+        try:
+            lines = Path(args.api_key_file).read_text(encoding="utf-8").splitlines()
+        except OSError as err:
+            raise ValueError(f"--api-key-file {args.api_key_file}: cannot read it ({err.strerror})") from err
+        found = [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
+        if not found:
+            raise ValueError(f"--api-key-file {args.api_key_file} holds no key: one key a line")
+        keys += found
+    variable = os.environ.get(API_KEYS_VARIABLE)
+    if variable is not None:
+        found = [key.strip() for key in variable.split(",") if key.strip()]
+        if not found:
+            raise ValueError(f"${API_KEYS_VARIABLE} is set but holds no key: unset it, or give comma-separated keys")
+        keys += found
+    return [key.strip() for key in dict.fromkeys(keys)]
 
 
 def _generate(args) -> int:
@@ -344,8 +408,12 @@ def _serve(args) -> int:
         raise ValueError("--max-batch-size and --max-queue must be at least 1")
     if not 1 <= args.port <= 65535:
         raise ValueError(f"--port must be in 1-65535, got {args.port}")
-    if args.api_key is not None and not args.api_key.strip():
-        raise ValueError("--api-key is empty (an unset variable?): give a key, or drop the flag to serve without one")
+    keys = _api_keys(args)
+    pool_scope = args.pool_scope or ("key" if len(keys) > 1 else "shared")
+    if args.max_body_bytes < 1 or args.prefill_chunk < 1:
+        raise ValueError("--max-body-bytes and --prefill-chunk must be at least 1")
+    if not (math.isfinite(args.drain_timeout) and args.drain_timeout >= 0):
+        raise ValueError(f"--drain-timeout must be a number of seconds >= 0, got {args.drain_timeout}")
     if args.plain and (args.window_size, args.ngram_size, args.max_candidates) != (None,) * 3:
         raise ValueError("--plain takes one-token steps: drop -W/-N/-G, or drop --plain")
     lookahead = Lookahead(args.window_size, args.ngram_size, args.max_candidates)  # validates W/N/G
@@ -361,11 +429,14 @@ def _serve(args) -> int:
 
     service = Service(
         load, cfg, max_batch_size=args.max_batch_size, max_queue=args.max_queue, shared_pool=shared,
-        on_step=metrics.on_step,
+        pool_scopes=pool_scope == "key", prefill_chunk=args.prefill_chunk, on_step=metrics.on_step,
     )  # fmt: skip
     tokenizer = loaded["tokenizer"]
     sampling = SamplingDefaults() if args.sampling_defaults == "openai" else None
-    settings = ServerSettings(model_name=args.model, api_key=args.api_key, sampling=sampling)
+    settings = ServerSettings(
+        model_name=args.model, api_keys=keys, pool_scope=pool_scope, sampling=sampling,
+        max_body_bytes=args.max_body_bytes, drain_timeout=args.drain_timeout,
+    )  # fmt: skip
     app = create_app(service, tokenizer, settings, metrics)
     mode = (
         "plain one-token steps" if args.plain else f"lookahead {cfg.window_size}/{cfg.ngram_size}/{cfg.max_candidates}"
@@ -377,11 +448,15 @@ def _serve(args) -> int:
         origin = "OpenAI's"
     print(f"lookahead: a request that leaves out a sampling field gets {defaults.describe()} "
           f"({origin})", file=sys.stderr)  # fmt: skip
+    if keys:
+        pools = "a warm pool per key" if pool_scope == "key" and shared is not None else "one warm pool"
+        print(f"lookahead: {len(keys)} API key(s), {pools}", file=sys.stderr)
     # uvicorn stops admission on SIGTERM/SIGINT, waits for the requests in flight, then re-raises
     # the signal to the handler it found: a no-op one lets the process exit 0 once drained
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=None)
+    # past --drain-timeout uvicorn cancels the requests still in flight (a client that stopped reading)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=args.drain_timeout)
     print("lookahead: server stopped", file=sys.stderr)
     return 0
 
