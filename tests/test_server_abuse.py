@@ -69,11 +69,11 @@ def _free_port() -> int:
 class LocalServer:
     """A uvicorn server on a thread of this process, over its own Service."""
 
-    def __init__(self, keys=(), pool_scope: str = "shared", max_body_bytes: int = 256 * 1024) -> None:
+    def __init__(self, keys=(), pool_scope: str = "shared", max_body_bytes: int = 256 * 1024, pool=True) -> None:
         self.metrics = Metrics()
         self.service = Service(
             tiny_model("llama"), LookaheadConfig(0, 4, 4), max_batch_size=4, max_queue=8,
-            shared_pool=SharedPool(), pool_scopes=pool_scope == "key", on_step=self.metrics.on_step,
+            shared_pool=SharedPool() if pool else None, pool_scopes=pool_scope == "key", on_step=self.metrics.on_step,
         )  # fmt: skip
         settings = ServerSettings(
             model_name=MODEL, api_keys=keys, pool_scope=pool_scope, max_body_bytes=max_body_bytes, drain_timeout=5
@@ -285,3 +285,80 @@ def test_each_api_key_has_its_own_warm_pool():
             server.stop()
         assert warm < cold
         assert other == cold if scope == "key" else other == warm
+
+
+def test_a_stop_string_ends_the_request_through_service_stop_and_usage_agrees(monkeypatch):
+    """The text ends on a stop string: the service hears ``stop(request, tokens used)`` (so that
+    the text up to the stop feeds the warm pool), and tokens_per_step counts the tokens of
+    ``usage``, not those of the stop's step past the cut. No warm pool: both runs step alike."""
+    local = LocalServer(pool=False)
+    try:
+        prompt = repetitive_prompt(24, 0)[0].tolist()
+        body = {**PROMPT, "prompt": prompt, "max_tokens": 40, "temperature": 0}
+        steps = [c["choices"][0]["text"] for c in _chunks(post(local, {**body, "stream": True})) if c["choices"]]
+        at = next(i for i, piece in enumerate(steps) if len(piece) >= 2 and i > 0)  # a step of several tokens
+        text_before = "".join(steps[:at])
+        stop = text_before[-3:] + steps[at][0]  # ends on the first token of a step that brought more
+        assert stop not in text_before
+        calls = []
+        stop_request = local.service.stop
+        monkeypatch.setattr(local.service, "stop", lambda gen, n: (calls.append(n), stop_request(gen, n)))
+        out = post(local, {**body, "stop": stop}).json()
+    finally:
+        local.stop()
+    assert out["choices"][0]["text"] == text_before[:-3] and out["choices"][0]["finish_reason"] == "stop"
+    used, info = out["usage"]["completion_tokens"], out["lookahead"]
+    assert calls == [used] and used == len(text_before) + 1
+    assert info["tokens_per_step"] == round(used / info["forward_passes"], 4)
+
+
+def _chunks(response: httpx.Response) -> list[dict]:
+    lines = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]", lines
+    return [json.loads(line) for line in lines[:-1]]
+
+
+def test_a_prompt_that_cannot_fit_is_refused_before_it_is_tokenized():
+    from lookahead.api import ApiError, parse_request
+
+    class Untouchable:
+        chat_template = "..."
+
+        def __call__(self, *args, **kwargs):
+            raise AssertionError("tokenized")
+
+        apply_chat_template = __call__
+
+    chat = {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "x" * 400}]}]}
+    for body, is_chat, param in (({"model": "m", "prompt": "x" * 400}, False, "prompt"), (chat, True, "messages")):
+        with pytest.raises(ApiError) as info:
+            parse_request(body, is_chat, "m", Untouchable(), 100, 16, 96, max_token_chars=4)
+        assert (info.value.status, info.value.code, info.value.param) == (400, "context_length_exceeded", param)
+        assert "400 characters" in info.value.message
+
+
+def test_api_keys_come_from_flags_a_file_and_the_environment(tmp_path, monkeypatch):
+    from lookahead.cli import _api_keys, build_parser
+
+    keys = tmp_path / "keys"
+    keys.write_text("# the team's keys\nkey-b\n\n  key-c  \nkey-a\n")
+
+    def parse(*argv):
+        return _api_keys(build_parser().parse_args(["serve", *argv]))
+
+    monkeypatch.delenv("LOOKAHEAD_API_KEYS", raising=False)
+    assert parse() == []
+    assert parse("--api-key", "key-a", "--api-key", "key-z", "--api-key-file", str(keys)) == [
+        "key-a", "key-z", "key-b", "key-c"
+    ]  # fmt: skip
+    monkeypatch.setenv("LOOKAHEAD_API_KEYS", "key-e, key-f,")
+    assert parse() == ["key-e", "key-f"]
+    monkeypatch.setenv("LOOKAHEAD_API_KEYS", " , ")
+    with pytest.raises(ValueError, match="LOOKAHEAD_API_KEYS"):
+        parse()
+    monkeypatch.delenv("LOOKAHEAD_API_KEYS")
+    keys.write_text("# none\n\n")
+    with pytest.raises(ValueError, match="holds no key"):
+        parse("--api-key-file", str(keys))
+    with pytest.raises(ValueError, match="empty"):
+        parse("--api-key", " ")
