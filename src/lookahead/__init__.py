@@ -21,9 +21,31 @@ Usage::
     out = model.generate(**inputs, custom_generate=Lookahead(), max_new_tokens=128)
 """
 
-from .config import LookaheadConfig, LookaheadStats
-from .decoding import Lookahead
-from .support import UnsupportedModelError
+from __future__ import annotations
+
+import importlib
 
 __all__ = ["Lookahead", "LookaheadConfig", "LookaheadStats", "UnsupportedModelError"]
 __version__ = "0.1.0"
+
+# The names above are imported on first use, not with the package: ``lookahead.vllm`` runs inside
+# vLLM's environment, whose transformers is older than the decoding loop asks for, and imports
+# only the drafter (``lookahead.proposer``), which must not drag the decoding loop in with it.
+_LAZY = {
+    "Lookahead": "decoding",
+    "LookaheadConfig": "config",
+    "LookaheadStats": "config",
+    "UnsupportedModelError": "support",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])

@@ -1,0 +1,326 @@
+"""Draft chains for an engine that verifies a batch of requests at once (vLLM's custom proposer).
+
+The engine calls :meth:`ChainProposer.propose` after every step with each *row* of its batch (a
+slot, not a request: rows are reordered and condensed as requests come and go, and no request id
+is given): the row's text (prompt and output so far) and the tokens the step just emitted there
+(the accepted draft tokens, then the bonus token). It returns one draft per row, a linear chain
+of at most ``max_draft`` tokens ([] for none), which the next step verifies.
+
+Per request, the drafter is this project's count drafter (:class:`lookahead.drafting.TreeDrafter`)
+cut to one candidate: the best chain of its trie. Its sources are the earlier occurrences of the
+context's repeated suffix in the request's own text (:class:`lookahead.lookup.ContextIndex`) and
+the warm pool (:class:`lookahead.pool.SharedPool`: the texts of requests that left the batch),
+and it learns its rates from what the engine emitted after each draft.
+
+**Finding a request's state.** A request's state is keyed by its text: (its length, its first and
+last ``KEY_TOKENS`` tokens). A row whose text now has n tokens, m of them just emitted, continues
+the state stored under the key of its first n - m tokens; that state is then stored under its key
+at n. So state follows the text wherever its row moves. Rows holding identical texts share a key
+and each takes one of the states stored under it (they are interchangeable).
+
+**What a draft costs.** The engine's own step time, learnt online (:class:`StepCosts`): the time
+from the end of one call to the start of the next is the engine's step over the rows of the
+second call, each verifying 1 + the draft proposed for it, when every row continues a row of the
+first call (a new request's prefill would make it another step). It is kept by (rows, drafted
+tokens). A row's draft of k tokens makes the step cost T(rows, d + k) instead of T(rows, d),
+where d is what the rows before it drafted, and it delays every row's tokens: it pays when the
+tokens it is expected to add exceed the batch's expected tokens times the step's relative slowdown.
+The drafter gets that as its cost curve: c(1 + k) = T(d) + w (T(d + k) - T(d)), with w the tokens
+the batch emits per step (1 for a lone request, where c is T itself). So a batch that fills drafts
+less, and no draft runs where the measured costs say it would not pay.
+
+Exploring: at a batch size whose plain step (no draft) was never timed, nothing is drafted, so the
+next step times it. Drafts longer than any timed are taken to cost no more than the dearest timed
+one (a flat extrapolation, until two timed points give a slope): so the first draft at a batch
+size is as long as the evidence allows, and its step times what drafting costs there; between
+timed points the cost is linear, an overestimate on a curve that bends upwards, refined as drafts
+of those lengths are timed. A timing is forgotten after ``StepCosts.max_age`` steps without a new
+one, so a cost timed in a slow spell is timed again.
+
+Why online and not a calibration in ``load_model``: vLLM's forward pass needs its scheduler's
+metadata (attention, slots), which a proposer cannot build; and the time between calls is the
+cost the engine really pays under its own load (its scheduler, its sampler, other processes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import statistics
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from .drafting import Draft, TreeDrafter
+from .lookup import ContextIndex
+from .pool import SharedPool
+from .tuning import CostCurve
+
+logger = logging.getLogger(__name__)
+
+KEY_TOKENS = 8  # tokens at each end of a text that (with its length) key its request's state
+SHARED_CANDIDATES = 4  # warm-pool continuations per lookup (the drafter's G elsewhere)
+POOL_FEED = 2048  # text positions added to the warm pool per call, at most (a long text goes in over several)
+
+
+@dataclass(frozen=True)
+class ProposerOptions:
+    """What the proposer may be told (vLLM: ``additional_config={"lookahead": {...}}``).
+
+    ``shared_pool``: the warm pool, texts of earlier requests shared by all (see docs/vllm.md for
+    what that reveals); ``pool_entries`` / ``pool_bytes``: its bounds (``SharedPool``);
+    ``max_requests``: request states kept, the batch's and those that left it most recently."""
+
+    shared_pool: bool = True
+    pool_entries: int = 500_000
+    pool_bytes: int = 128 * 2**20
+    max_requests: int = 1024
+
+    @classmethod
+    def from_mapping(cls, given: Mapping) -> ProposerOptions:
+        """Options from a mapping; an unknown name or a wrong type is refused, naming it."""
+        if not isinstance(given, Mapping):
+            raise ValueError(f"lookahead's options must be a mapping of names to values, got {given!r}")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(given) - set(fields))
+        if unknown:
+            raise ValueError(f"unknown lookahead option(s) {', '.join(map(repr, unknown))}: use {', '.join(fields)}")
+        for name, value in given.items():
+            kind = type(getattr(cls, name))
+            if type(value) is not kind or (kind is int and value < 1):
+                wanted = "true or false" if kind is bool else "a positive integer"
+                raise ValueError(f"lookahead option {name!r} must be {wanted}, got {value!r}")
+        return cls(**given)
+
+
+class StepCosts:
+    """The engine's seconds per step by rows and drafted tokens (one cell per pair), learnt from
+    observed steps: a cell's estimate is the median of its last ``keep`` observations, and a cell
+    unobserved for ``max_age`` steps is forgotten. Between cells of one row count, seconds are
+    linear in the drafted tokens, never falling; beyond the last, they follow the slope of the last
+    two cells (flat with one). A row count never observed borrows the nearest observed one's."""
+
+    def __init__(self, keep: int = 9, max_age: int = 512) -> None:
+        self.keep, self.max_age = keep, max_age
+        self._cells: dict[int, dict[int, tuple[deque, int]]] = {}  # rows -> drafted -> (seconds, last step)
+        self._estimates: dict[int, list[tuple[int, float]]] = {}  # rows -> points, until the next observation
+        self.steps = 0
+
+    def observe(self, rows: int, drafted: int, seconds: float) -> None:
+        self.steps += 1
+        self._estimates.clear()
+        cells = self._cells.setdefault(rows, {})
+        recent = cells[drafted][0] if drafted in cells else deque(maxlen=self.keep)
+        recent.append(seconds)
+        cells[drafted] = (recent, self.steps)
+
+    def _points(self, rows: int) -> list[tuple[int, float]]:
+        if rows not in self._estimates:
+            self._estimates[rows] = self._fresh_points(rows)
+        return self._estimates[rows]
+
+    def _fresh_points(self, rows: int) -> list[tuple[int, float]]:
+        cells = self._cells.get(rows, {})
+        fresh = sorted((d, statistics.median(s)) for d, (s, last) in cells.items() if self.steps - last < self.max_age)
+        points, floor = [], 0.0
+        for drafted, seconds in fresh:
+            floor = max(floor, seconds)
+            points.append((drafted, floor))
+        return points
+
+    def seconds(self, rows: int, drafted: int) -> float | None:
+        """Estimated seconds of a step over ``rows`` rows verifying ``drafted`` draft tokens in all;
+        None where no plain step (nothing drafted) was observed at this row count, or, where this
+        row count was never observed, at the nearest one that was."""
+        nearest = sorted(self._cells, key=lambda r: (abs(r - rows), r))
+        points = next((p for p in map(self._points, nearest) if p), None)
+        if not points or points[0][0] != 0:
+            return None
+        for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
+            if drafted <= x1:
+                return y0 + (y1 - y0) * (drafted - x0) / (x1 - x0)
+        if len(points) == 1:
+            return points[0][1]
+        (x0, y0), (x1, y1) = points[-2:]
+        return y1 + (y1 - y0) * (drafted - x1) / (x1 - x0)
+
+    def curve(self, rows: int, drafted: int, weight: float, max_draft: int) -> CostCurve:
+        """The cost curve a row's drafter prices its draft with (see the module docstring): point
+        1 + k is T(rows, drafted) + ``weight`` x the extra seconds its k tokens add to the step.
+        Where the plain step's cost is unknown, a curve on which nothing pays: the step then runs
+        plain, and measures it."""
+        base = self.seconds(rows, drafted)
+        if base is None or base <= 0:
+            return NO_DRAFT
+        extra = [self.seconds(rows, drafted + k) - base for k in range(max_draft + 1)]
+        return CostCurve(tuple((1 + k, base + weight * max(0.0, e)) for k, e in enumerate(extra)))
+
+
+NO_DRAFT = CostCurve(((1, 1.0), (2, 1e9)))  # a curve on which no draft pays
+
+
+@dataclass
+class _Request:
+    """One request's state: its text, the index of its suffixes, its drafter, and the draft
+    proposed for it at the last call that saw it."""
+
+    tokens: list[int]
+    index: ContextIndex
+    drafter: TreeDrafter
+    draft: Draft | None = None
+    drafted: int = 0  # tokens of that draft
+    seen: int = -1  # the call that last saw it
+    pooled: int = 0  # its tokens already in the warm pool
+
+
+class ChainProposer:
+    """One draft chain per row of an engine's batch; see the module docstring. Never raises from
+    :meth:`propose`: a row whose drafting fails gets [] (logged once, counted in ``errors``)."""
+
+    def __init__(
+        self,
+        max_draft: int,
+        max_model_len: int,
+        options: ProposerOptions | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if max_draft < 1 or max_model_len < 2:
+            raise ValueError(f"need max_draft >= 1 and max_model_len >= 2, got {max_draft} and {max_model_len}")
+        self.max_draft, self.max_model_len = max_draft, max_model_len
+        self.options = options or ProposerOptions()
+        self.clock = clock
+        o = self.options
+        self.shared = SharedPool(o.pool_entries, o.pool_bytes) if o.shared_pool else None
+        self.costs = StepCosts()
+        self._requests: OrderedDict[tuple, list[_Request]] = OrderedDict()  # key -> states, least recent first
+        self._leaving: deque[_Request] = deque()  # texts still being added to the warm pool
+        self._calls = 0
+        self._ended: float | None = None  # when the last call returned
+        self.emitted_per_row = 1.0  # tokens a row emits per step (a running mean)
+        self.errors = 0
+
+    def propose(self, sampled: Sequence[Sequence[int]], texts: Sequence[Sequence[int]]) -> list[list[int]]:
+        """``sampled[i]``: the tokens row i emitted this step ([] where it emitted none: a prefill
+        chunk); ``texts[i]``: its tokens so far, those included. Returns row i's draft."""
+        started = self.clock()
+        self._calls += 1
+        requests = [
+            self._guarded(self._follow, None, text, emitted) for text, emitted in zip(texts, sampled, strict=True)
+        ]
+        self._observe_step(requests, started)
+        drafts, drafted = [], 0
+        for request in requests:
+            chain = self._guarded(self._draft, [], request, len(requests), drafted) if request else []
+            drafted += len(chain)
+            drafts.append(chain)
+        self._guarded(self._settle, None)
+        self._ended = self.clock()
+        return drafts
+
+    def _guarded(self, work: Callable, fallback, *args):
+        try:
+            return work(*args)
+        except Exception:  # never into the engine's step: this row drafts nothing
+            self.errors += 1
+            if self.errors == 1:
+                logger.exception("lookahead's proposer failed; that row drafts nothing (later failures only counted)")
+            else:
+                logger.debug("lookahead's proposer failed again (%d failures)", self.errors, exc_info=True)
+            return fallback
+
+    # -- one row ---------------------------------------------------------------------------------
+
+    def _follow(self, text: Sequence[int], emitted: Sequence[int]) -> _Request | None:
+        """The state of the request in this row, brought up to its text (learning from what was
+        emitted after its last draft); None for a row that emitted nothing."""
+        if not emitted:
+            return None
+        n, m = len(text), len(emitted)
+        key = _key(text, n - m)
+        states = self._requests.get(key)
+        if states:
+            request = states.pop()
+            if not states:
+                del self._requests[key]
+        else:
+            request = self._new_request(text, n - m)
+        if request.seen == self._calls - 1 and request.draft is not None:
+            request.drafter.record(request.draft, [int(t) for t in emitted])
+        else:
+            request.drafter.forget_pending()
+            request.draft, request.drafted = None, 0
+        request.tokens.extend(int(t) for t in text[len(request.tokens) : n])
+        request.index.extend(request.tokens)
+        self._requests.setdefault(_key(request.tokens, n), []).append(request)
+        self._requests.move_to_end(_key(request.tokens, n))
+        self.emitted_per_row += 0.05 * (m - self.emitted_per_row)
+        return request
+
+    def _new_request(self, text: Sequence[int], length: int) -> _Request:
+        drafter = TreeDrafter(NO_DRAFT, max_nodes=self.max_draft, max_leaves=1)
+        if self._requests:  # start from the rates the most recent request learnt (text of one kind matches alike)
+            drafter.carry_from(next(reversed(self._requests.values()))[-1].drafter)
+        return _Request([int(t) for t in text[:length]], ContextIndex(), drafter)
+
+    def _draft(self, request: _Request, rows: int, drafted: int) -> list[int]:
+        """The best chain of the request's drafter, priced at this step's costs."""
+        request.seen = self._calls
+        request.draft, request.drafted = None, 0
+        cap = min(self.max_draft, self.max_model_len - len(request.tokens) - 1)  # the engine verifies no further
+        if cap <= 0:
+            return []
+        tokens = request.tokens
+        sources = request.index.occurrences(tokens, cap, request.drafter.reach)
+        if self.shared is not None:
+            sources += [(0, c) for c in self.shared.candidates(tokens, cap, SHARED_CANDIDATES)]
+        weight = 1 + (rows - 1) * self.emitted_per_row
+        request.drafter.curve = self.costs.curve(rows, drafted, weight, cap)
+        draft = request.drafter.draft(sources, cap, max_leaves=1)
+        chain = list(draft.candidates[0]) if draft.candidates else []
+        request.draft, request.drafted = draft, len(chain)
+        return chain
+
+    # -- the batch -------------------------------------------------------------------------------
+
+    def _observe_step(self, requests: Sequence[_Request | None], started: float) -> None:
+        """The step since the last call, if every row of this call continues a row drafted for in
+        the last one (else it prefilled, or followed a pause): its rows, drafted tokens, seconds."""
+        if self._ended is None or not requests:
+            return
+        if all(r is not None and r.seen == self._calls - 1 for r in requests):
+            self.costs.observe(len(requests), sum(r.drafted for r in requests), started - self._ended)
+
+    def _settle(self) -> None:
+        """Requests no row continued this call left the batch: their texts go to the warm pool
+        (a bounded number of positions per call); the least recent states beyond the bound go."""
+        for key in list(self._requests):
+            for request in self._requests[key]:
+                if request.seen == self._calls - 1 and self.shared is not None:
+                    self._leaving.append(request)
+        total = sum(len(states) for states in self._requests.values())
+        while total > self.options.max_requests:
+            key, states = next(iter(self._requests.items()))
+            states.pop(0)
+            total -= 1
+            if not states:
+                del self._requests[key]
+        self._feed_pool()
+
+    def _feed_pool(self) -> None:
+        budget = POOL_FEED
+        while self._leaving and budget > 0:
+            request = self._leaving[0]
+            stop = min(request.pooled + budget, len(request.tokens))
+            self.shared.add_text(request.tokens, start=request.pooled, stop=stop)
+            budget -= stop - request.pooled
+            request.pooled = stop
+            if stop >= len(request.tokens):
+                self._leaving.popleft()
+
+
+def _key(text: Sequence[int], length: int) -> tuple:
+    """What finds a request's state: its text's length and first and last ``KEY_TOKENS`` tokens."""
+    head = tuple(int(t) for t in text[: min(KEY_TOKENS, length)])
+    tail = tuple(int(t) for t in text[max(0, length - KEY_TOKENS) : length])
+    return (length, head, tail)
