@@ -195,6 +195,11 @@ def test_bodies_past_the_limit_get_413_before_they_are_read(local):
         assert openai_error(response, 413)["code"] == "request_too_large"
     assert "262144" in declared.json()["error"]["message"]
     assert local.errors(413) - before == 2
+    # a Content-Length past the limit is answered before any of the body is sent
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 40000000\r\n\r\n{"
+    with socket.create_connection(("127.0.0.1", local.port), timeout=10) as sock:
+        sock.sendall(head)
+        assert sock.recv(4096).startswith(b"HTTP/1.1 413")
     under = post(local, {**PROMPT, "prompt": "a" * 200_000, "n": 2})  # under the limit: read and checked
     assert openai_error(under, 400, "n")
 
