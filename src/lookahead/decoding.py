@@ -24,6 +24,7 @@ import torch
 from transformers import StoppingCriteriaList, StopStringCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerateEncoderDecoderOutput
 
+from .caches import caller_cache, fill_cache
 from .config import LookaheadConfig, LookaheadStats
 from .drafting import TreeDrafter
 from .engine import Engine
@@ -32,7 +33,7 @@ from .lookup import ContextIndex
 from .pool import NGramPool
 from .runner import DecoderRunner, Seq2SeqRunner
 from .sequences import Emitter, SeqState, assemble
-from .step import SYNCED_GPUS_REFUSED, caller_cache, fill_cache, prompt_rows, validate_call
+from .step import SYNCED_GPUS_REFUSED, prompt_rows, validate_call
 from .support import MaskSpec, check_model
 from .tuning import (
     BATCH_CONTEXTS,
