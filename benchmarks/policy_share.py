@@ -13,8 +13,8 @@ Curves: ``stored`` (this machine's measured bf16 curve, from ``$LOOKAHEAD_CACHE`
 slow 2-core CPU in bf16: T(k)/T(1) = 2.25, 3.0, 4.8, 7.6 for k = 2, 4, 8, 16, measured 2026-12-02),
 ``flat`` (a faster one: 1.23, 1.68, 1.68, 2.14, measured 2026-12-01), ``mid`` (1.44, 2.04, 3.32,
 5.82, stored here 2026-12-02) and ``gpu`` (nearly free width:
-1.02, 1.04, 1.08, 1.15). ``steep``, ``flat`` and ``mid`` were stored curves of machines of earlier
-sessions, probably timed with autograd on (the calibration had it on when `lookahead bench` asked
+1.02, 1.04, 1.08, 1.15). ``steep``, ``flat`` and ``mid`` were curves stored on other CPUs before
+2026-12-04, probably timed with autograd on (the calibration had it on when `lookahead bench` asked
 for a curve, until 2026-12-04), so read them as modeled machines of those shapes, not as those
 machines: this one's bf16 curve without autograd was 1.03, 1.09, 1.15, 1.33 on 2026-12-04 and
 1.07, 1.09, 1.12, 1.17 on 2026-12-05 (``stored``).
