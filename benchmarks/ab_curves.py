@@ -4,7 +4,7 @@ Every curve is a JSON file of [tokens, seconds] points, or ``stored``: the curve
 stores for the model (``decoding.model_cost_curve``, measured once if missing). Both run the same
 prompts, alternating prompt by prompt (``lookahead.bench.run_bench``); only the steps' shapes can
 differ, never the outputs (fp32: identical to greedy). E.g. the calibration's grid before
-``c4677d5`` (curves of 2026-12-05 in ``docs/cost-curves-full-grid-2026-12-05.json``):
+``c4677d5`` (curves of 2026-12-05, in the repository's history as ``docs/cost-curves-full-grid-2026-12-05.json``):
 
     .venv/bin/python benchmarks/ab_curves.py --dtype float32 --n 16 --max-new-tokens 256 \\
         --curves stored old-grid.json

@@ -161,7 +161,7 @@ def leave_cudnn_out() -> bool:
     (``TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1``, opt-in, avoids that for some layouts). A lookahead
     step's shape is new nearly every time (a tree of its own over a longer cache), so every step
     would pay for a graph; on the H200 of 2026-12-04 every step cost about three times what the
-    same shape cost repeated (README, "On a GPU"; the cause is inferred, not yet timed both ways).
+    same shape cost repeated (docs/gpus.md; the cause is inferred, not yet timed both ways).
     The memory-efficient kernel, next in line for a mask, builds nothing. A step of t alone keeps
     the model's own mask, and so the kernel plain decoding uses (and its rounding). The switch is
     PyTorch's process-wide flag, off only while such a step's forward pass runs (back on if it
