@@ -43,6 +43,7 @@ import psutil
 
 from lookahead import datasets
 
+HOSTILE: list = []  # the hostile bodies, made once (run)
 KINDS = {  # kind -> weight in the mix
     "stream": 4,
     "sampled": 3,
@@ -63,7 +64,7 @@ def start_server(args) -> tuple[subprocess.Popen, str, object]:
     port = free_port()
     cmd = [sys.executable, "-m", "lookahead.cli", "serve", "--model", args.model, "--dtype", args.dtype,
            "--port", str(port), "--max-batch-size", str(args.max_batch_size), *args.server_args]  # fmt: skip
-    log = tempfile.TemporaryFile()
+    log = open(args.server_log, "w+b") if args.server_log else tempfile.TemporaryFile()  # noqa: SIM115
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
@@ -106,9 +107,10 @@ def is_openai_error(response: httpx.Response) -> bool:
 def hostile_bodies(model: str) -> list[tuple[str, bytes, dict]]:
     """(name, body, extra headers): each must get a 4xx in OpenAI's error shape."""
     chat = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    huge_seed = json.dumps(chat)[:-1] + ', "seed": ' + "9" * 5000 + "}"  # past Python's int() digit limit
     return [
         ("deep nesting", b"[" * 100_000, {}),
-        ("5000-digit seed", json.dumps({**chat, "seed": int("9" * 5000)}).encode(), {}),
+        ("5000-digit seed", huge_seed.encode(), {}),
         ("text part not a string",
          json.dumps({**chat, "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}).encode(), {}),
         ("invalid JSON", b'{"model": ', {}),
@@ -155,7 +157,7 @@ async def one_request(client: httpx.AsyncClient, kind: str, rng: random.Random, 
             return tally.add(kind, "abandoned")
         return tally.add(kind, "served")
     if kind == "hostile":
-        name, body, headers = rng.choice(hostile_bodies(args.model))
+        name, body, headers = rng.choice(HOSTILE)
         response = await client.post("/v1/chat/completions", content=body,
                                      headers={"content-type": "application/json", **headers})  # fmt: skip
         if 400 <= response.status_code < 500 and is_openai_error(response):
@@ -164,7 +166,10 @@ async def one_request(client: httpx.AsyncClient, kind: str, rng: random.Random, 
             kind, "error: hostile body not refused", f"{name}: {response.status_code} {response.text[:200]}"
         )
     if kind == "long":
-        text = " ".join(rng.choice(prompts) for _ in range(args.long_tokens // 40 + 1))
+        text = ""
+        while len(text) < 4 * args.long_tokens:  # about 4 characters a token in English and code
+            text += " " + rng.choice(prompts)
+        text = text[: 4 * args.long_tokens]
         body = {"model": args.model, "prompt": text, "max_tokens": 8}
     else:  # sampled
         body = {"model": args.model, "prompt": user, "max_tokens": args.max_tokens, "temperature": 0.8,
@@ -241,6 +246,8 @@ def summarize(tally: Tally, samples: list, exit_code: int | None, args, seconds:
 
 
 def run(args) -> dict:
+    global HOSTILE
+    HOSTILE = hostile_bodies(args.model)
     prompts = [p.text for p in datasets.load("mtbench", n=40)] + [p.text for p in datasets.load("humaneval", n=40)]
     proc, url, log = start_server(args)
     tally, samples = Tally(), []
@@ -294,6 +301,7 @@ def main(argv=None) -> int:
     parser.add_argument("--sample-seconds", type=float, default=5)
     parser.add_argument("--warmup-seconds", type=float, default=120, help="RSS is judged after this")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--server-log", type=Path, help="keep the server's output (its slow-step warnings) here")
     parser.add_argument("--out", type=Path, help="write the report as JSON here (and a .md beside it)")
     parser.add_argument("server_args", nargs="*", help="after --: more options for lookahead serve")
     args = parser.parse_args(argv)

@@ -135,7 +135,12 @@ class _Routes:
         state = self.service.health()
         if not state["ok"]:
             raise ApiError(503, f"the engine is not running: {state['reason']}", "engine_unhealthy")
-        return {"status": "ok", "active": state["active"], "queued": state["queued"]}
+        return {
+            "status": "ok",
+            "active": state["active"],
+            "queued": state["queued"],
+            "pool_entries": state["pool_entries"],
+        }
 
     async def prometheus(self):
         self.metrics.active.set(self.service.active)

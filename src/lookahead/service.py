@@ -344,10 +344,18 @@ class Service:
             self.engine.step()
         for request in running + newcomers:
             self._report(request)
+        seconds = time.perf_counter() - start
+        if seconds > self.SLOW_STEP:
+            logger.warning(
+                "an engine step took %.2f s: %d sequences over %d cache columns, %d newcomers prefilled together, "
+                "%d tokens of a long prompt",
+                seconds, len(self.engine.active), self.engine.runner.columns, len(plan.newcomers),
+                plan.chunk if plan.start is None else plan.start[1],
+            )  # fmt: skip
         if self.on_step is not None:
             after = (stats.steps, stats.sequence_steps, stats.new_tokens)
             deltas = [b - a for a, b in zip(before, after, strict=True)]
-            self.on_step(time.perf_counter() - start, len(self.engine.active), *deltas)
+            self.on_step(seconds, len(self.engine.active), *deltas)
 
     def _prefill_long(self, plan: _Plan) -> list[Request]:
         """The next chunk of the long prompt under way (or the first of a new one) -> [it] once it
@@ -476,6 +484,8 @@ class Service:
             return
         text = seq.committed if request.kept is None else seq.committed[: len(request.prompt_ids) + request.kept]
         self._feeding.append(_Feed(pool, list(text)))
+
+    SLOW_STEP = 2.0  # seconds: an engine step (prefills included) slower than this is logged
 
     POOL_FEED = 2048  # text positions added to warm pools per step, at most (about 15 ms here)
 
