@@ -23,7 +23,7 @@ more often.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 
 
@@ -195,3 +195,35 @@ class SharedPool:
 
     def __len__(self) -> int:
         return len(self._lru)
+
+
+class PoolFeed:
+    """Finished texts on their way into warm pools, a bounded number of text positions per call of
+    :meth:`feed`: a long text goes in over several calls (a server's steps), with the same result
+    as one ``add_text`` (32k tokens took 205 ms at once on a 2-core CPU, a stall of every stream).
+
+    >>> feed, shared = PoolFeed(), SharedPool(max_suffix=1, span=1)
+    >>> feed.add(shared, [5, 6, 7]); feed.feed(1); shared.candidates([5], 1, 1), bool(feed)
+    ([(6,)], True)
+    """
+
+    def __init__(self) -> None:
+        self._queue: deque[list] = deque()  # [pool, tokens, positions already in]
+
+    def add(self, pool: SharedPool, tokens: Sequence[int]) -> None:
+        self._queue.append([pool, list(tokens), 0])
+
+    def feed(self, budget: int) -> None:
+        """Add the next ``budget`` positions of the queued texts, oldest first."""
+        while self._queue and budget > 0:
+            entry = self._queue[0]
+            pool, tokens, start = entry
+            stop = min(start + budget, len(tokens))
+            pool.add_text(tokens, start=start, stop=stop)
+            budget -= stop - start
+            entry[2] = stop
+            if stop >= len(tokens):
+                self._queue.popleft()
+
+    def __len__(self) -> int:
+        return len(self._queue)

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 
 from .drafting import Draft, TreeDrafter
 from .lookup import ContextIndex
-from .pool import SharedPool
+from .pool import PoolFeed, SharedPool
 from .tuning import CostCurve
 
 logger = logging.getLogger(__name__)
@@ -171,7 +171,6 @@ class _Request:
     draft: Draft | None = None
     drafted: int = 0  # tokens of that draft
     seen: int = -1  # the call that last saw it
-    pooled: int = 0  # its tokens already in the warm pool
 
 
 class ChainProposer:
@@ -194,7 +193,7 @@ class ChainProposer:
         self.shared = SharedPool(o.pool_entries, o.pool_bytes) if o.shared_pool else None
         self.costs = StepCosts()
         self._requests: OrderedDict[tuple, list[_Request]] = OrderedDict()  # key -> states, least recent first
-        self._leaving: deque[_Request] = deque()  # texts still being added to the warm pool
+        self._leaving = PoolFeed()  # texts of requests that left, on their way into the warm pool
         self._calls = 0
         self._ended: float | None = None  # when the last call returned
         self.emitted_per_row = 1.0  # tokens a row emits per step (a running mean)
@@ -297,7 +296,7 @@ class ChainProposer:
         for key in list(self._requests):
             for request in self._requests[key]:
                 if request.seen == self._calls - 1 and self.shared is not None:
-                    self._leaving.append(request)
+                    self._leaving.add(self.shared, request.tokens)
         total = sum(len(states) for states in self._requests.values())
         while total > self.options.max_requests:
             key, states = next(iter(self._requests.items()))
@@ -305,18 +304,7 @@ class ChainProposer:
             total -= 1
             if not states:
                 del self._requests[key]
-        self._feed_pool()
-
-    def _feed_pool(self) -> None:
-        budget = POOL_FEED
-        while self._leaving and budget > 0:
-            request = self._leaving[0]
-            stop = min(request.pooled + budget, len(request.tokens))
-            self.shared.add_text(request.tokens, start=request.pooled, stop=stop)
-            budget -= stop - request.pooled
-            request.pooled = stop
-            if stop >= len(request.tokens):
-                self._leaving.popleft()
+        self._leaving.feed(POOL_FEED)
 
 
 def _key(text: Sequence[int], length: int) -> tuple:

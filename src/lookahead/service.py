@@ -53,7 +53,7 @@ from transformers import (
 from .config import LookaheadConfig, LookaheadStats
 from .decoding import make_chooser, make_drafter, new_sequence, settle
 from .engine import ChunkedPrefill, Engine
-from .pool import SharedPool
+from .pool import PoolFeed, SharedPool
 from .runner import AdmissionError
 from .sequences import Emitter, SeqState
 from .support import check_model
@@ -135,7 +135,7 @@ class Service:
         # with shared_pool's bounds
         self.shared_pool, self.pool_scopes = shared_pool, pool_scopes
         self._pools: dict[str | None, SharedPool] = {}
-        self._feeding: deque[_Feed] = deque()  # finished texts on their way into a warm pool
+        self._feeding = PoolFeed()  # finished texts on their way into a warm pool
         self.prefill_chunk = prefill_chunk  # prompt tokens prefilled per step, at most
         self._prefilling: tuple[Request, ChunkedPrefill] | None = None  # a long prompt, chunk by chunk
         self.stall_seconds = stall_seconds
@@ -483,24 +483,15 @@ class Service:
         if pool is None or (request.cancelled and request.kept is None):
             return
         text = seq.committed if request.kept is None else seq.committed[: len(request.prompt_ids) + request.kept]
-        self._feeding.append(_Feed(pool, list(text)))
+        self._feeding.add(pool, text)
 
     SLOW_STEP = 2.0  # seconds: an engine step (prefills included) slower than this is logged
 
     POOL_FEED = 2048  # text positions added to warm pools per step, at most (about 15 ms here)
 
     def _feed_pools(self) -> None:
-        """Add the next ``POOL_FEED`` positions of finished texts to their warm pools: a long text
-        goes in over several steps instead of stalling one (32k tokens took 205 ms at once)."""
-        budget = self.POOL_FEED
-        while self._feeding and budget > 0:
-            feed = self._feeding[0]
-            stop = min(feed.next + budget, len(feed.tokens))
-            feed.pool.add_text(feed.tokens, start=feed.next, stop=stop)
-            budget -= stop - feed.next
-            feed.next = stop
-            if stop >= len(feed.tokens):
-                self._feeding.popleft()
+        """Add the next ``POOL_FEED`` positions of finished texts to their warm pools (``PoolFeed``)."""
+        self._feeding.feed(self.POOL_FEED)
 
     def _report(self, request: Request) -> None:
         seq = request.seq
@@ -548,15 +539,6 @@ class _Plan:
     newcomers: list[Request]  # prefilled together, short prompts
     chunk: int  # tokens of the long prompt under way
     start: tuple[Request, int] | None  # a long prompt starting, and its first chunk's tokens
-
-
-@dataclass
-class _Feed:
-    """A finished text on its way into a warm pool: positions before ``next`` are in."""
-
-    pool: SharedPool
-    tokens: list[int]
-    next: int = 0
 
 
 # generation_config fields that change what plain generate emits, beyond those _model_processors builds
