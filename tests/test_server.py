@@ -331,8 +331,10 @@ def test_warm_pool_raises_tokens_per_step_not_outputs(server_a, server_b):
 
 
 def test_full_queue_gets_429_with_retry_after(server_b):
-    """Server B decodes 2 sequences and queues 2 more: a fifth request is refused with 429."""
-    body = {"model": "smollm2", "prompt": "Count from one to a hundred:", "max_tokens": 400, "stream": True}
+    """Server B decodes 2 sequences and queues 2 more: a fifth request is refused with 429. (The
+    prompt's greedy answer counts on past 400 tokens without an end-of-text, so no slot frees early;
+    a prompt whose answer ended, as "Count from one to a hundred:" does after 164, made this flaky.)"""
+    body = {"model": "smollm2", "prompt": "1, 2, 3, 4, 5,", "max_tokens": 400, "temperature": 0, "stream": True}
     with httpx.Client(timeout=120) as http:
         streams = [http.stream("POST", f"{server_b.url}/v1/completions", json=body) for _ in range(4)]
         entered = []
