@@ -2,7 +2,7 @@
 
 Issue 13 asks that work growing with the batch run as tensor operations over the batch. This
 times the one part of a step where that is plainly possible, the greedy walk through the
-candidates (``choices.fetch_matched`` then ``verify.verify_greedy`` per sequence), against the
+candidates (``choices.fetch_matched`` then ``verify.verify_choices`` per sequence), against the
 same walk over [B, G] tensors, depth by depth. It runs on a CPU, for (15, 5, 15) at batch 8 with a
 49k vocabulary in bf16. Both compute the argmax lazily (only the rows the walk reads), and both
 give the same emitted tokens (asserted).
@@ -28,7 +28,7 @@ import torch
 
 from lookahead.choices import StepChoices, fetch_matched, greedy_choices
 from lookahead.layout import build_layout
-from lookahead.verify import verify_greedy
+from lookahead.verify import verify_choices
 
 BATCH, W, N, G, VOCAB = 8, 15, 5, 15, 49152
 DEPTH = N - 1
@@ -63,7 +63,7 @@ def python_walk(logits, layout, candidates) -> list[list[int]]:
         def predict(k: int, j: int, row=row) -> int:
             return row[index[layout.candidate_slots[k][j]]]
 
-        emitted.append(list(verify_greedy(row[index[layout.t_slot]], candidates[b], predict).emitted))
+        emitted.append(list(verify_choices(row[index[layout.t_slot]], candidates[b], predict).emitted))
     return emitted
 
 

@@ -16,7 +16,7 @@ from lookahead.sequences import Emitter
 from lookahead.step import Scorer
 from lookahead.support import check_model
 from lookahead.tuning import match_lengths
-from lookahead.verify import verify_greedy
+from lookahead.verify import verify_choices
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -73,7 +73,7 @@ def test_lazy_choices_compute_exactly_what_verification_and_match_lengths_read(t
     assert choices.computed == 3 + 1 + 1
     computed = choices.computed
     scorer = Scorer(logits[0], layout, None, torch.tensor([[1, 2]]), candidates, choices=choices.sequence(0))
-    verdict = verify_greedy(scorer.choice(layout.t_slot), candidates, scorer.candidate_choice)
+    verdict = verify_choices(scorer.choice(layout.t_slot), candidates, scorer.candidate_choice)
     lengths = match_lengths(candidates, scorer.raw_choice(layout.t_slot), scorer.raw_candidate_choice)
     window = [scorer.raw_choice(s) for s in layout.last_level_slots]
     assert verdict.emitted == (5, 9, 4) and lengths == [2, 1, 0] and window[0] == 5
@@ -138,4 +138,4 @@ def test_match_lengths_read_the_first_candidate_with_the_agreed_prefix():
 
     assert match_lengths([(5,), (5, 9, 3), (7,)], 5, choice) == [1, 2, 0]
     assert reads == [(0, 0), (1, 1)]
-    assert verify_greedy(5, [(5,), (5, 9, 3)], choice).emitted == (5, 9, 4)
+    assert verify_choices(5, [(5,), (5, 9, 3)], choice).emitted == (5, 9, 4)

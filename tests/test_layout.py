@@ -146,14 +146,14 @@ def test_every_tree_path_reads_as_its_candidate_alone(window, n_levels, candidat
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("sliding_window", [None, 6])
 def test_mask_from_the_layouts_cached_floats_equals_the_mask_from_bools(dtype, sliding_window):
-    """The runner hands ``MaskSpec.build`` the layout's additive float mask, made once per device
+    """The runner hands ``ModelTraits.build`` the layout's additive float mask, made once per device
     (``StepLayout.on_device``); it must give the very mask that the bool layout gives, holes and
     pads included, for full and sliding-window layers."""
-    from lookahead.support import MaskSpec
+    from lookahead.support import ModelTraits
 
     layout = build_layout(1, 4, 3, 3, 3)
     types = ("full_attention",) if sliding_window is None else ("full_attention", "sliding_attention")
-    spec = MaskSpec(layer_types=types, sliding_window=sliding_window, max_positions=None)
+    spec = ModelTraits(layer_types=types, sliding_window=sliding_window, max_positions=None)
     key_pos = torch.tensor([[-1, -1, 0, 1, 2, -1, 3], [0, 1, 2, 3, 4, 5, 6]])  # pads and a hole
     positions = layout.positions[None] + torch.tensor([[4], [7]])
     step_positions, step_floats, slots = layout.on_device(torch.device("cpu"), dtype)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from lookahead.verify import verify_greedy
+from lookahead.verify import verify_choices
 
 CASES = [
     # (first, candidates, predictions {(k, j): token}, emitted, candidate)
@@ -23,7 +23,7 @@ def test_verify_table(first, candidates, table, emitted, candidate):
         calls.append((k, j))
         return table[(k, j)]
 
-    verdict = verify_greedy(first, candidates, predict)
+    verdict = verify_choices(first, candidates, predict)
     assert verdict.emitted == emitted
     assert verdict.candidate == candidate
     assert verdict.accepted == len(emitted) - 1

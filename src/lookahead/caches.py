@@ -13,7 +13,7 @@ import logging
 
 from transformers import DynamicCache
 
-from .support import MaskSpec
+from .support import ModelTraits
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def check_cache_implementation(generation_config, model) -> None:
     )
 
 
-def caller_cache(model_kwargs, batch: int, spec: MaskSpec) -> DynamicCache | None:
+def caller_cache(model_kwargs, batch: int, spec: ModelTraits) -> DynamicCache | None:
     """The empty DynamicCache the caller passed to generate, which lookahead fills at the end as
     plain generate does (:func:`fill_cache`); None when generate made the cache itself. A cache
     that cannot be filled exactly is refused by name."""

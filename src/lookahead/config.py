@@ -118,11 +118,6 @@ class LookaheadStats:
     decode_seconds: float = 0.0
 
     @property
-    def row_steps(self) -> int:
-        """The former name of ``sequence_steps`` (kept so that existing code keeps working)."""
-        return self.sequence_steps
-
-    @property
     def tokens_per_step(self) -> float:
         """New tokens per sequence and step (the compression ratio over plain decoding)."""
         return self.new_tokens / max(1, self.sequence_steps or self.steps)

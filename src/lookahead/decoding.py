@@ -34,7 +34,7 @@ from .pool import NGramPool
 from .runner import DecoderRunner, Seq2SeqRunner
 from .sequences import Emitter, SeqState, assemble
 from .step import SYNCED_GPUS_REFUSED, prompt_rows, validate_call
-from .support import MaskSpec, check_model
+from .support import ModelTraits, check_model
 from .tuning import (
     BATCH_CONTEXTS,
     BatchCosts,
@@ -276,7 +276,7 @@ class Lookahead:
         return GenerateEncoderDecoderOutput(**outputs) if spec.encoder_decoder else GenerateDecoderOnlyOutput(**outputs)
 
 
-def settle(cfg: LookaheadConfig, spec: MaskSpec, asked: dict | None = None) -> LookaheadConfig:
+def settle(cfg: LookaheadConfig, spec: ModelTraits, asked: dict | None = None) -> LookaheadConfig:
     """Models that take no position_ids (encoder-decoder decoders, ALiBi models) take linear
     steps only: no window, one candidate (see lookahead.support and lookahead.runner). ``asked``:
     the settings the user gave explicitly (warned about when narrowed)."""
@@ -329,7 +329,7 @@ def new_sequence(
 def make_chooser(
     model,
     cfg: LookaheadConfig,
-    spec: MaskSpec,
+    spec: ModelTraits,
     batch: int,
     curve: CostCurve | None = None,
     *,
@@ -356,7 +356,7 @@ def make_chooser(
     return chooser
 
 
-def make_drafter(cfg: LookaheadConfig, spec: MaskSpec, batch: int, curve: CostCurve | None) -> TreeDrafter | None:
+def make_drafter(cfg: LookaheadConfig, spec: ModelTraits, batch: int, curve: CostCurve | None) -> TreeDrafter | None:
     """The count-based drafter (``lookahead.drafting``) where it applies: adaptive settings with
     ``count_drafting``, one sequence, token trees, a model taking position_ids; else None."""
     if not cfg.drafts or curve is None or batch != 1 or spec.linear:
@@ -364,7 +364,7 @@ def make_drafter(cfg: LookaheadConfig, spec: MaskSpec, batch: int, curve: CostCu
     return TreeDrafter(curve, max_nodes=cfg.max_candidates * (cfg.max_emitted - 1), max_leaves=cfg.max_candidates)
 
 
-def model_cost_curve(model, spec: MaskSpec | None = None) -> CostCurve:
+def model_cost_curve(model, spec: ModelTraits | None = None) -> CostCurve:
     """The model's cost curve on its device, dtype and thread count, the one ``Lookahead()``
     prices its steps with: measured once, then read from disk (``lookahead.tuning.cost_curve``)."""
     spec = spec or check_model(model)
@@ -375,7 +375,7 @@ def model_cost_curve(model, spec: MaskSpec | None = None) -> CostCurve:
         return cost_curve(model, lambda: _calibration_step(model, spec))
 
 
-def model_batch_costs(model, spec: MaskSpec, batch: int, rows: int) -> BatchCosts:
+def model_batch_costs(model, spec: ModelTraits, batch: int, rows: int) -> BatchCosts:
     """What the steps of a batch of up to ``batch`` sequences, of up to ``rows`` new tokens each,
     cost: measured at the batch sizes ``tuning.batch_sizes_to_measure`` names and the cache
     lengths ``tuning.BATCH_CONTEXTS`` names (shorter where the model's position table is), once,
@@ -392,14 +392,14 @@ def model_batch_costs(model, spec: MaskSpec, batch: int, rows: int) -> BatchCost
     return BatchCosts(single, by_batch)
 
 
-def _context(spec: MaskSpec, length: int) -> int:
+def _context(spec: ModelTraits, length: int) -> int:
     """``length`` cached tokens, or fewer where the model's position table or RoPE threshold leaves
     less room (a dynamic RoPE keeps the frequencies of the longest pass it has seen)."""
     limit = spec.context_limit
     return length if limit is None else min(length, limit // 4)
 
 
-def _calibration_step(model, spec: MaskSpec, batch: int = 1, length: int = 64):
+def _calibration_step(model, spec: ModelTraits, batch: int = 1, length: int = 64):
     """A forward pass over k new tokens per sequence after a context of about ``length`` tokens
     (fewer where the position table is short), the cache restored after: what
     :func:`lookahead.tuning.measure` times. In a batch (of a decoder-only model) every second

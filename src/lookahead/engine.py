@@ -33,18 +33,18 @@ from .sequences import (
     SeqState,
     align,
     at_hand,
+    candidates_for,
     draft_sources,
     plan_step,
     plan_tree,
-    pooled,
     step_sizes,
     use_tree,
     window_levels,
 )
 from .step import Scorer
-from .support import MaskSpec
+from .support import ModelTraits
 from .tuning import WidthChooser, match_lengths
-from .verify import Verdict, position_noise, verify_greedy
+from .verify import Verdict, position_noise, verify_choices
 
 
 class Engine:
@@ -63,7 +63,7 @@ class Engine:
         self,
         model,
         cfg: LookaheadConfig,
-        spec: MaskSpec,
+        spec: ModelTraits,
         chooser: WidthChooser,
         emitter: Emitter,
         stats: LookaheadStats,
@@ -86,7 +86,7 @@ class Engine:
             self.runner = DecoderRunner(model, spec, bound_sliding=not keep_cache)
         self.active: list[SeqState] = []  # in the runner's batch order
         self.lazy_choices: bool | None = None  # see lookahead.choices (None: lazy on a CPU only)
-        self.admitted: list[SeqState] = []  # every sequence, when stopped ones run on (see _limit)
+        self.roster: list[SeqState] = []  # every sequence ever admitted: stopped ones run on (see _limit)
         # the caller waits for the whole batch (generate): see _weights
         self.whole_batch = whole_batch
 
@@ -134,7 +134,7 @@ class Engine:
 
     def _enter(self, seqs: Sequence[SeqState]) -> None:
         if not self.emitter.stop_ends_seq:  # only sequences that run on after a stop need the others
-            self.admitted += seqs
+            self.roster += seqs
         self.active = self._drop_finished([*self.active, *seqs])
 
     def _emit_last(self, seqs: Sequence[SeqState], logits) -> None:
@@ -156,10 +156,10 @@ class Engine:
         self.stats.accepted_hist[0] += len(seqs)
 
     def _refill(self, active: list[SeqState]) -> bool:
-        """Where the model's own generate recomputes its whole cache (``MaskSpec.refill_at``: Phi-3
+        """Where the model's own generate recomputes its whole cache (``ModelTraits.refill_at``: Phi-3
         on reaching original_max_position_embeddings, to key every token with the long RoPE
         factors), do the same: the text so far is prefilled afresh and gives the next token. Steps
-        never carry t past that position before it (``MaskSpec.position_limit``), so t lands on it.
+        never carry t past that position before it (``ModelTraits.position_limit``), so t lands on it.
         A batch never gets here (``Lookahead.__call__`` refuses one that would; a server limits
         every request to it)."""
         at = self.spec.refill_at
@@ -272,7 +272,7 @@ class Engine:
         matches = [seq.match_length() if chooser.enabled else None for seq in active]
         sizes = have = found = None
         if chooser.enabled:
-            found = [pooled(seq, cfg, self.spec, limit) for seq, limit in zip(active, limits, strict=True)]
+            found = [candidates_for(seq, cfg, self.spec, limit) for seq, limit in zip(active, limits, strict=True)]
         if chooser.enabled and use_tree(active, cfg):  # price each option by its token tree
             sizes = step_sizes(active[0], cfg, self.spec, limits[0], chooser.options(), found[0])
         elif chooser.enabled and len(active) > 1:  # sequences of a batch with nothing to verify gain nothing
@@ -307,8 +307,8 @@ class Engine:
                 return scorer.seeded_choice(slot, noise[index])
 
             first = draw(layout.t_slot, base)
-            return verify_greedy(first, seq.candidates, lambda k, j: draw(layout.candidate_slots[k][j], base + j + 1))
-        return verify_greedy(scorer.choice(layout.t_slot), seq.candidates, scorer.candidate_choice)
+            return verify_choices(first, seq.candidates, lambda k, j: draw(layout.candidate_slots[k][j], base + j + 1))
+        return verify_choices(scorer.choice(layout.t_slot), seq.candidates, scorer.candidate_choice)
 
     # -- bookkeeping -----------------------------------------------------------------------------
 
@@ -322,9 +322,9 @@ class Engine:
     def _limit(self, seq: SeqState) -> int:
         """The length a sequence may reach: its max_length, or, once every sequence has stopped
         (sequences that run on after their stop), the longest stop."""
-        if self.emitter.stop_ends_seq or any(s.stopped_at is None for s in self.admitted):
+        if self.emitter.stop_ends_seq or any(s.stopped_at is None for s in self.roster):
             return seq.max_length
-        return min(seq.max_length, max(s.stopped_at for s in self.admitted))
+        return min(seq.max_length, max(s.stopped_at for s in self.roster))
 
     def _finished(self, seq: SeqState) -> bool:
         if seq.cancelled or seq.length >= seq.max_length:

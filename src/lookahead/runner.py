@@ -53,7 +53,7 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from .layout import StepLayout
 from .slab import Slab
-from .support import MaskSpec
+from .support import ModelTraits
 
 
 class AdmissionError(RuntimeError):
@@ -194,7 +194,7 @@ class DecoderRunner:
 
     aligned = False  # sequences may commit different numbers of tokens per step
 
-    def __init__(self, model, spec: MaskSpec, bound_sliding: bool = True, slab: bool = True) -> None:
+    def __init__(self, model, spec: ModelTraits, bound_sliding: bool = True, slab: bool = True) -> None:
         self.model, self.spec = model, spec
         # read once: the model's device and dtype are properties that walk its parameters
         self.device, self.dtype = model.device, model.dtype
@@ -250,7 +250,7 @@ class DecoderRunner:
 
     def _empty_slab(self, batch: int, length: int) -> Slab | None:
         """A slab for a prefill of ``batch`` prompts of up to ``length`` tokens, where the model's
-        cache fits one (``MaskSpec.cache_shape``, read off the model check's probe) in the
+        cache fits one (``ModelTraits.cache_shape``, read off the model check's probe) in the
         model's dtype; else None (layers of their own)."""
         shape = self.spec.cache_shape
         if not self.use_slab or shape is None or shape[3] != self.dtype or shape[0] != _n_layers(self.model):
@@ -371,13 +371,13 @@ class DecoderRunner:
         return out.logits if self.spec.keeps_logits else out.logits[:, slots]
 
     def _within_limits(self, positions: torch.Tensor, reach: int) -> torch.Tensor:
-        """Positions past what a sequence's step may reach (``MaskSpec.position_limit``: the
+        """Positions past what a sequence's step may reach (``ModelTraits.position_limit``: the
         position table's end, a RoPE threshold) held at that limit. Only filler slots get there (a
         batch shares one layout, so a sequence near its limit carries the longest chain's slots);
         their outputs are never read, while their positions would index past a learned table or
         change every token's rotary frequencies."""
         spec = self.spec
-        limit = spec.context_limit  # no sequence's limit is below limit - 1 (MaskSpec.position_limit)
+        limit = spec.context_limit  # no sequence's limit is below limit - 1 (ModelTraits.position_limit)
         if limit is None:
             return positions
         t_positions = self.n_cached.tolist()

@@ -23,7 +23,7 @@ from .layout import StepLayout, build_layout, node_tokens, tree_shape
 from .lookup import ContextIndex
 from .pool import NGramPool, SharedPool
 from .step import Scorer
-from .support import MaskSpec
+from .support import ModelTraits
 from .verify import Verdict
 from .window import JacobiWindow
 
@@ -93,7 +93,7 @@ class SeqState:
         return max(own or 0, self.shared.match_length(self.committed))
 
 
-def _cap(seq: SeqState, n: int, spec: MaskSpec, limit: int) -> int:
+def _cap(seq: SeqState, n: int, spec: ModelTraits, limit: int) -> int:
     """The most candidate tokens seq may verify with n-grams of n: n - 1, fewer near its limit
     or the end of the model's position table."""
     if seq.ngram_size is not None:
@@ -106,17 +106,17 @@ def _cap(seq: SeqState, n: int, spec: MaskSpec, limit: int) -> int:
     return cap
 
 
-def _pooled(seq: SeqState, length: int, g: int) -> list[tuple[int, ...]]:
+def _gather(seq: SeqState, length: int, g: int) -> list[tuple[int, ...]]:
     """Candidate sources in order of trust, untruncated: the verified tokens the sequence could not
     commit yet, the longest-suffix lookup over its text, its pool (window n-grams first in
     recency), then the shared pool of earlier sequences."""
-    pooled = [seq.carry] if seq.carry else []
+    found = [seq.carry] if seq.carry else []
     if seq.context is not None:
-        pooled += seq.context.candidates(seq.committed, length, g)
-    pooled += seq.pool.candidates(seq.t, g)
+        found += seq.context.candidates(seq.committed, length, g)
+    found += seq.pool.candidates(seq.t, g)
     if seq.shared is not None:
-        pooled += seq.shared.candidates(seq.committed, length, g)
-    return pooled
+        found += seq.shared.candidates(seq.committed, length, g)
+    return found
 
 
 def _pick(pooled: Sequence[tuple[int, ...]], g: int, length: int) -> list[tuple[int, ...]]:
@@ -135,10 +135,10 @@ def _own_g(seq: SeqState, g: int) -> int:
     return g if seq.max_candidates is None else min(g, seq.max_candidates)
 
 
-def window_levels(seqs: Sequence[SeqState], cfg: LookaheadConfig, spec: MaskSpec, wide: bool = True) -> int:
+def window_levels(seqs: Sequence[SeqState], cfg: LookaheadConfig, spec: ModelTraits, wide: bool = True) -> int:
     """The window levels a step carries: the batch's fullest window when the step is wide, none
     when it is plain or the window would run past a position the step may reach
-    (``MaskSpec.position_limit``: the position table's end, a RoPE threshold)."""
+    (``ModelTraits.position_limit``: the position table's end, a RoPE threshold)."""
     n_levels = max(seq.window.n_levels for seq in seqs) if wide else 0
     for seq in seqs:
         t_position = len(seq.committed) - 1
@@ -154,22 +154,22 @@ def use_tree(seqs: Sequence[SeqState], cfg: LookaheadConfig) -> bool:
     return cfg.token_tree and len(seqs) == 1
 
 
-def pooled(seq: SeqState, cfg: LookaheadConfig, spec: MaskSpec, limit: int) -> list[tuple[int, ...]]:
+def candidates_for(seq: SeqState, cfg: LookaheadConfig, spec: ModelTraits, limit: int) -> list[tuple[int, ...]]:
     """seq's candidates this step, looked up once as for the widest setting and cut per option
     (by :func:`step_sizes`, :func:`at_hand` and :func:`plan_step`)."""
-    return _pooled(seq, max(0, _cap(seq, cfg.ngram_size, spec, limit)), cfg.max_candidates)
+    return _gather(seq, max(0, _cap(seq, cfg.ngram_size, spec, limit)), cfg.max_candidates)
 
 
 def step_sizes(
     seq: SeqState,
     cfg: LookaheadConfig,
-    spec: MaskSpec,
+    spec: ModelTraits,
     limit: int,
     options: Sequence[tuple[int, int]],
     found: Sequence[tuple[int, ...]],
 ) -> dict[tuple[int, int], tuple[int, int]]:
     """For each option (g, n): the input tokens of the step it would run for this sequence, its
-    candidates (``found``, from :func:`pooled`) merged into a token tree, and how many candidates
+    candidates (``found``, from :func:`candidates_for`) merged into a token tree, and how many candidates
     it would verify. What :class:`lookahead.tuning.WidthChooser` prices: shared prefixes and
     missing candidates cost nothing, and missing candidates accept nothing."""
     base = build_layout(1, cfg.window_size, window_levels([seq], cfg, spec, True)).length  # t and the window
@@ -183,8 +183,10 @@ def step_sizes(
     return sizes
 
 
-def at_hand(seq: SeqState, cfg: LookaheadConfig, spec: MaskSpec, limit: int, found: Sequence[tuple[int, ...]]) -> int:
-    """How many of ``found`` (from :func:`pooled`) seq could verify this step at the widest setting
+def at_hand(
+    seq: SeqState, cfg: LookaheadConfig, spec: ModelTraits, limit: int, found: Sequence[tuple[int, ...]]
+) -> int:
+    """How many of ``found`` (from :func:`candidates_for`) seq could verify this step at the widest setting
     (its own caps applied)."""
     cap, g = _cap(seq, cfg.ngram_size, spec, limit), _own_g(seq, cfg.max_candidates)
     if cap <= 0 or g <= 0:
@@ -196,7 +198,7 @@ def plan_step(
     seqs: Sequence[SeqState],
     cfg: LookaheadConfig,
     choice: tuple[int, int],
-    spec: MaskSpec,
+    spec: ModelTraits,
     limits: Sequence[int],
     found: Sequence[Sequence[tuple[int, ...]]] | None = None,
 ) -> tuple[StepLayout, list[list[int]]]:
@@ -206,7 +208,7 @@ def plan_step(
     (no window either). ``limits[b]`` is the length sequence b may reach (so it emits at most
     ``limits[b] - len(ids)`` tokens). Candidates sharing a prefix share their slots (a token
     tree) in a batch of one; in a batch, every candidate gets slots of its own, and sequences
-    with fewer candidates get filler chains. ``found[b]``: sequence b's :func:`pooled` candidates,
+    with fewer candidates get filler chains. ``found[b]``: sequence b's :func:`candidates_for` candidates,
     when the caller looked them up already. Returns the layout and each sequence's input ids [B][L].
     """
     g, n = choice
@@ -214,7 +216,7 @@ def plan_step(
     for b, (seq, limit) in enumerate(zip(seqs, limits, strict=True)):
         cap, own_g = _cap(seq, n, spec, limit), _own_g(seq, g)
         if wide and cap > 0 and own_g > 0:  # looked up as for the widest setting, as step_sizes does
-            seq.candidates = _pick(found[b] if found is not None else pooled(seq, cfg, spec, limit), own_g, cap)
+            seq.candidates = _pick(found[b] if found is not None else candidates_for(seq, cfg, spec, limit), own_g, cap)
         else:
             seq.candidates = []
     n_levels = window_levels(seqs, cfg, spec, wide)
@@ -249,7 +251,9 @@ def plan_tree(
     return layout, [[seq.t, *window, *node_tokens(seq.candidates, shape)]]
 
 
-def draft_sources(seq: SeqState, cfg: LookaheadConfig, spec: MaskSpec, limit: int, reach: int = 0) -> tuple[int, list]:
+def draft_sources(
+    seq: SeqState, cfg: LookaheadConfig, spec: ModelTraits, limit: int, reach: int = 0
+) -> tuple[int, list]:
     """What :class:`lookahead.drafting.TreeDrafter` drafts from: the longest a candidate may be
     (``cfg.max_emitted - 1``: the draft length, fewer near the sequence's limit or under its own
     cap on N), and (level, continuation) pairs: every earlier

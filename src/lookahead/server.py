@@ -91,7 +91,7 @@ class _Routes:
         if settings.pool_scope == "key" and not getattr(service, "pool_scopes", False):
             raise ValueError("pool_scope 'key' needs a Service(..., pool_scopes=True)")
         self.service, self.tokenizer, self.settings, self.metrics = service, tokenizer, settings, metrics
-        self.max_positions = service.spec.context_limit  # the position table, or a RoPE threshold (see MaskSpec)
+        self.max_positions = service.spec.context_limit  # the position table, or a RoPE threshold (see ModelTraits)
         self.sampling = settings.sampling or _model_sampling_defaults(service.model)
         logger.debug("a request that leaves out a sampling field gets %s", self.sampling.describe())
         # ids a client may send: known to the tokenizer and to the model's embedding table

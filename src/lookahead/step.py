@@ -10,7 +10,7 @@ import torch
 from .caches import check_cache_implementation
 from .choices import StepChoices
 from .layout import StepLayout
-from .support import MaskSpec
+from .support import ModelTraits
 
 # logits processors that cannot run on a step's expanded rows: they call a model, keep state
 # across calls, or expect the batch doubled (name -> why)
@@ -129,7 +129,7 @@ def validate_call(
     check_cache_implementation(generation_config, model)
 
 
-def prompt_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, spec: MaskSpec) -> list[list[int]]:
+def prompt_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, spec: ModelTraits) -> list[list[int]]:
     """Each sequence's prompt without its left padding, checked against the model's position limit.
 
     For encoder-decoder models ``input_ids`` are the decoder's start tokens and are kept whole.

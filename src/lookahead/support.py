@@ -10,7 +10,7 @@ silently drops ``position_ids`` would otherwise give wrong output).
 Models that take no positions (BLOOM and other ALiBi models, which derive them from a 2D padding
 mask) still run *linear* steps exactly: t and one candidate chain, causal, is plain decoding of
 several tokens. For them the probe checks that a 2D mask with holes gives the logits of the text
-without the holes; the loop then runs W=0, G<=1 with 2D masks (``MaskSpec.positions`` False).
+without the holes; the loop then runs W=0, G<=1 with 2D masks (``ModelTraits.positions`` False).
 
 Sliding-window layers need their own mask: key position ``k`` is visible from query position
 ``q`` only when ``k > q - sliding_window``. Models that mix layer types take a dict of masks
@@ -44,8 +44,9 @@ class UnsupportedModelError(ValueError):
 
 
 @dataclass(frozen=True)
-class MaskSpec:
-    """Which masks a model's layers need."""
+class ModelTraits:
+    """What a model's forward pass can take and needs: its layers' masks, positions, context
+    limit, ``logits_to_keep``, encoder-decoder shape (found by :func:`check_model`'s probe)."""
 
     layer_types: tuple[str, ...]  # distinct types, e.g. ("full_attention", "sliding_attention")
     sliding_window: int | None
@@ -161,7 +162,7 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(allowed, zero, blocked)
 
 
-def mask_spec(config) -> MaskSpec:
+def mask_spec(config) -> ModelTraits:
     """Read the attention layout from a (text) config."""
     text = config.get_text_config(decoder=True)
     sliding = getattr(text, "sliding_window", None)
@@ -180,7 +181,7 @@ def mask_spec(config) -> MaskSpec:
         types = tuple(dict.fromkeys("full_attention" for _ in types))
     max_positions = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
     threshold, dynamic = _rope_threshold(text)
-    return MaskSpec(
+    return ModelTraits(
         layer_types=types,
         sliding_window=sliding,
         max_positions=max_positions,
@@ -192,8 +193,8 @@ def mask_spec(config) -> MaskSpec:
 
 def _rope_threshold(text) -> tuple[int | None, bool]:
     """Where the model's rotary frequencies start to depend on a forward pass's highest position
-    (see ``MaskSpec.rope_threshold``), or None where they never do; and whether they keep changing
-    past it (``MaskSpec.rope_dynamic``)."""
+    (see ``ModelTraits.rope_threshold``), or None where they never do; and whether they keep changing
+    past it (``ModelTraits.rope_dynamic``)."""
     params = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
     if not isinstance(params, dict):
         return None, False
@@ -213,7 +214,7 @@ def _rope_threshold(text) -> tuple[int | None, bool]:
     return (min(found), dynamic) if found else (None, False)
 
 
-def _model_spec(model) -> MaskSpec:
+def _model_spec(model) -> ModelTraits:
     """The config's layout, with the position table the model's own modules hold (or none)."""
     spec = mask_spec(model.config)
     return dataclasses.replace(spec, position_table=_position_table(model, spec.max_positions))
@@ -237,12 +238,12 @@ def _position_table(model, positions: int | None) -> int | None:
     return None
 
 
-_checked: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple[str, torch.dtype], MaskSpec]] = (
+_checked: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple[str, torch.dtype], ModelTraits]] = (
     weakref.WeakKeyDictionary()
 )
 
 
-def check_model(model) -> MaskSpec:
+def check_model(model) -> ModelTraits:
     """Refuse models that lookahead cannot run exactly; return their mask layout.
 
     Checked once per model, attention implementation and dtype: a model cast to another dtype after
@@ -332,7 +333,7 @@ def _ids(model, count: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _probe_full(model, spec: MaskSpec) -> tuple[str | None, DynamicCache | None]:
+def _probe_full(model, spec: ModelTraits) -> tuple[str | None, DynamicCache | None]:
     """Feed [a, b, c] where c may see only itself, and compare c's logits with c fed alone; then
     move c to another position and check that its logits change. None when the model honours
     both the mask and the positions; else what it lacks. With it, the first run's cache."""

@@ -328,7 +328,7 @@ def match_lengths(candidates: Sequence[Sequence[int]], first: int, choice: Calla
     """How many leading tokens of each candidate the model agrees with: ``first`` is its choice
     after t, ``choice(k, j)`` its choice after token j of candidate k. The candidates agreeing
     through token j share that prefix (the model's choices), so they all read the choice of the
-    first of them, the one verification follows (``verify.verify_greedy``)."""
+    first of them, the one verification follows (``verify.verify_choices``)."""
     out = []
     first_with: dict[tuple[int, ...], int] = {}  # agreed prefix -> the first candidate with it
     for k, candidate in enumerate(candidates):

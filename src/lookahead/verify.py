@@ -43,12 +43,13 @@ class Verdict:
         return len(self.emitted) - 1
 
 
-def verify_greedy(
+def verify_choices(
     first: int,
     candidates: Sequence[Sequence[int]],
     predict: Callable[[int, int], int],
 ) -> Verdict:
-    """Accept the longest candidate prefix that the model agrees with, plus the bonus token.
+    """Accept the longest candidate prefix that matches the model's choices (greedy picks or seeded
+    draws alike), plus the bonus token.
 
     ``first`` is the model's choice after t; ``predict(k, j)`` gives its choice after token j of
     candidate k (called lazily, only along the accepted path).
