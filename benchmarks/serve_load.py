@@ -22,46 +22,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-import httpx
+import _servers
 import openai
 
 from lookahead import datasets
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+# name -> options of lookahead serve
+SERVERS = {"lookahead": (), "lookahead, no shared pool": ("--no-shared-pool",), "plain": ("--plain",)}
 
 
 def start(args, *extra: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
+    port = _servers.free_port()
     cmd = [sys.executable, "-m", "lookahead.cli", "serve", "--model", args.model, "--dtype", args.dtype]
     cmd += ["--port", str(port), "--max-batch-size", str(args.max_batch_size), *extra]
-    log = tempfile.TemporaryFile()
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            log.seek(0)
-            raise RuntimeError(f"server failed: {log.read().decode()}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError("server did not start")
+    return _servers.start(cmd, port, timeout=300)
 
 
 async def one_request(api, model: str, prompt: datasets.Prompt, max_tokens: int) -> dict:
@@ -176,13 +156,11 @@ def main() -> int:
     prompts = datasets.load(args.dataset, args.requests * len(rounds))
     if len(prompts) < args.requests * len(rounds):
         raise SystemExit(f"{args.dataset} has {len(prompts)} prompts: lower --requests, --repeats or the levels")
-    servers = {
-        "lookahead": start(args),
-        "lookahead, no shared pool": start(args, "--no-shared-pool"),
-        "plain": start(args, "--plain"),
-    }
+    servers: dict[str, tuple[subprocess.Popen, str]] = {}
     rows = []
-    try:
+    try:  # the servers started so far are stopped, whatever fails
+        for name, extra in SERVERS.items():
+            servers[name] = start(args, *extra)
         warm = [datasets.Prompt(id="warm-up", text="Say hello.", chat=True)]  # a first request pays a process's warm-up
         for _, url in servers.values():
             asyncio.run(load(url, args.model, warm, 1, 8, args.timeout))
@@ -197,8 +175,7 @@ def main() -> int:
                 print(json.dumps(rows[-1]), file=sys.stderr)
     finally:
         for proc, _ in servers.values():
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=120)
+            _servers.stop(proc, timeout=120)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     table = markdown(rows, args)

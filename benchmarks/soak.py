@@ -29,8 +29,6 @@ import asyncio
 import collections
 import json
 import random
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,6 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import _servers
 import httpx
 import psutil
 
@@ -54,32 +53,13 @@ KINDS = {  # kind -> weight in the mix
 }
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def start_server(args) -> tuple[subprocess.Popen, str, object]:
-    port = free_port()
+    port = _servers.free_port()
     cmd = [sys.executable, "-m", "lookahead.cli", "serve", "--model", args.model, "--dtype", args.dtype,
            "--port", str(port), "--max-batch-size", str(args.max_batch_size), *args.server_args]  # fmt: skip
     log = open(args.server_log, "w+b") if args.server_log else tempfile.TemporaryFile()  # noqa: SIM115
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            log.seek(0)
-            raise RuntimeError(f"the server did not start: {log.read().decode(errors='replace')[-2000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url, log
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError("the server did not answer /health within 600 s")
+    proc, url = _servers.start(cmd, port, timeout=600, log=log)
+    return proc, url, log
 
 
 class Tally:
@@ -262,12 +242,7 @@ def run(args) -> dict:
         asyncio.run(main())
     finally:
         seconds = time.monotonic() - began
-        proc.send_signal(signal.SIGTERM)
-        try:
-            exit_code = proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            exit_code = None
+        exit_code = _servers.stop(proc, timeout=120)
         log.close()
     return summarize(tally, samples, exit_code, args, seconds)
 

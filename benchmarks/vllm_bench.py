@@ -27,15 +27,13 @@ import argparse
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
+import _servers
 import openai
 
 from lookahead import datasets, models
@@ -54,45 +52,15 @@ def speculative_config(setup: str, args) -> dict | None:
     return {"method": "custom_class", "model": "lookahead.vllm.LookaheadProposer", "num_speculative_tokens": args.k}
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def start(args, spec: dict | None) -> tuple[subprocess.Popen, str]:
-    port = free_port()
+    port = _servers.free_port()
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model_path]
     command += ["--host", "127.0.0.1", "--port", str(port), "--dtype", args.dtype, "--seed", "0"]
     command += ["--max-model-len", str(args.max_model_len), "--max-num-seqs", str(max(args.clients))]
     command += ["--served-model-name", "model", *(["--enforce-eager"] if args.enforce_eager else [])]
     if spec is not None:
         command += ["--speculative-config", json.dumps(spec)]
-    log = tempfile.TemporaryFile()
-    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + args.start_timeout
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            log.seek(0)
-            raise RuntimeError(f"the server failed to start:\n{log.read().decode()[-5000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return server, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    stop(server)
-    raise RuntimeError(f"the server did not answer within {args.start_timeout} s")
-
-
-def stop(server: subprocess.Popen) -> None:
-    server.terminate()
-    try:
-        server.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        server.wait()
+    return _servers.start(command, port, timeout=args.start_timeout)
 
 
 def request(client: openai.OpenAI, prompt: datasets.Prompt, max_tokens: int) -> int:
@@ -139,7 +107,7 @@ def run_setup(args, setup: str, prompts: dict) -> list[dict]:
                 print(json.dumps(rows[-1]), flush=True)
         return rows
     finally:
-        stop(server)
+        _servers.stop(server, timeout=60)
 
 
 def markdown(rows: list[dict], args) -> str:
