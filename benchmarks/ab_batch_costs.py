@@ -1,7 +1,7 @@
 """A/B: a batch's steps priced by its measured batch costs, or by the single-sequence curve.
 
 ``Lookahead()`` prices the steps of a batch with costs measured over batch sizes and cache lengths
-(``lookahead.tuning.BatchCosts``); ``Lookahead(cost_curve=<the model's single curve>)`` prices
+(``lookahead.costs.BatchCosts``); ``Lookahead(cost_curve=<the model's single curve>)`` prices
 them as before those existed, T(B * k) / T(B). Both run against greedy on the same batches,
 alternating batch by batch (``lookahead.bench.run_bench``), bf16 by default:
 

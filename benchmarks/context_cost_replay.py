@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import draft_replay  # noqa: E402
 import policy_share  # noqa: E402
 
-from lookahead import Lookahead, decoding, models, tuning  # noqa: E402
+from lookahead import Lookahead, costs, decoding, models  # noqa: E402
 from lookahead.drafting import TreeDrafter  # noqa: E402
 from lookahead.runner import DecoderRunner  # noqa: E402
 from lookahead.support import check_model  # noqa: E402
@@ -38,14 +38,14 @@ from lookahead.support import check_model  # noqa: E402
 FAR = 512  # cached tokens of the second curve
 
 
-def curve_after(dtype: str, model_name: str) -> tuning.CostCurve:
+def curve_after(dtype: str, model_name: str) -> costs.CostCurve:
     """The model's cost curve timed after FAR cached tokens, once, then read back."""
     path = Path(f"results/cost-after-{FAR}-{dtype}.json")
     if path.exists():
-        return tuning.CostCurve(tuple((int(k), float(s)) for k, s in json.loads(path.read_text())))
+        return costs.CostCurve(tuple((int(k), float(s)) for k, s in json.loads(path.read_text())))
     model, _ = models.load(model_name, dtype=dtype)
     with torch.no_grad():
-        curve = tuning.measure(decoding._calibration_step(model, check_model(model), 1, FAR), counts=tuning.GRID)
+        curve = costs.measure(decoding._calibration_step(model, check_model(model), 1, FAR), counts=costs.GRID)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(curve.points))
     return curve
@@ -65,11 +65,11 @@ def main() -> None:
     print(f"  after {FAR}:", [round(far.ratio(k), 3) for k, _ in far.points])
 
     @functools.lru_cache(None)
-    def cost_at(bucket: int) -> tuning.CostCurve:  # T(k)/T(1) after bucket * 16 cached tokens
+    def cost_at(bucket: int) -> costs.CostCurve:  # T(k)/T(1) after bucket * 16 cached tokens
         # ratios, not seconds: the stored curve and the one after FAR were timed on different days
         share = max(0.0, (bucket * 16 - 64) / (FAR - 64))
         ratios = [(k, near.ratio(k), far.ratio(k)) for k, _ in near.points]
-        return tuning.CostCurve(tuple((k, n + max(0.0, f - n) * share) for k, n, f in ratios))
+        return costs.CostCurve(tuple((k, n + max(0.0, f - n) * share) for k, n, f in ratios))
 
     model, tokenizer = models.load(args.model, dtype="bfloat16")  # the texts are bf16 greedy's
     texts = Path(f"results/greedy-texts-{args.model}-bfloat16-{args.n}x{args.max_new_tokens}.json")

@@ -10,7 +10,7 @@ import argparse
 import torch
 import transformers
 
-from lookahead import models, tuning
+from lookahead import costs, models
 from lookahead.layout import build_layout
 from lookahead.runner import DecoderRunner
 from lookahead.support import check_model
@@ -37,7 +37,7 @@ def main() -> None:
             runner.step(build_layout(1, 0, 0, 1 if k > 1 else 0, k - 1), [[1] * k])
             runner.cache.crop(-k)
 
-        curve = tuning.measure(step, counts=args.counts, pairs=3)
+        curve = costs.measure(step, counts=args.counts, pairs=3)
         ratios = " | ".join(f"{curve.ratio(k):.2f}" for k in args.counts[1:])
         print(f"| {context} | {1000 * curve(1):.1f} | {ratios} |")
 

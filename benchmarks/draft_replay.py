@@ -36,7 +36,7 @@ arguments (``"_drafter"``: ``TreeDrafter`` arguments). ``--batch B`` replays gro
 through one batched call and reports the modeled speedup per group (plain decoding of a batch
 takes as many steps as its longest output). With ``--batch-costs`` the steps are chosen, as
 ``Lookahead()`` chooses them, and priced in seconds by the costs this machine stored for the
-model over batch shapes (``tuning.BatchCosts``: a batch's step grows dearer with its size and
+model over batch shapes (``costs.BatchCosts``: a batch's step grows dearer with its size and
 cache, and a smaller batch's plain step costs about what a larger one's does);
 ``--laggard-power`` replays with several weightings of the sequences behind
 (``engine.Engine._weights``; 0 counts every sequence's tokens alike):
@@ -247,7 +247,7 @@ def replay_single(model, oracle: Oracle, rows: list[dict], la: Lookahead, new: i
 def batch_seconds(model, batch: int, rows: int) -> Callable[[int, int, int], float]:
     """Seconds of a step of B sequences x k tokens after C cached columns, from the costs this
     machine stored for the model over batch shapes (``decoding.model_batch_costs``, read as
-    ``tuning.BatchCosts.seconds`` reads them)."""
+    ``costs.BatchCosts.seconds`` reads them)."""
     costs = decoding.model_batch_costs(model, check_model(model), batch, rows)
     return lambda size, k, context: costs.seconds(k, size, context)
 

@@ -23,9 +23,9 @@ import torch
 import transformers
 
 from lookahead import Lookahead, datasets, models
+from lookahead.costs import measure
 from lookahead.decoding import _calibration_step
 from lookahead.support import check_model
-from lookahead.tuning import measure
 
 FALLBACK = ["def fibonacci(n):\n", "Write a haiku about the sea.", "import numpy as np\n\ndef normalize(x):\n"]
 SETTINGS = {  # name -> Lookahead arguments

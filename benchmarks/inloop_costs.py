@@ -2,7 +2,7 @@
 every forward pass of an auto-tuned run over a few prompts is timed, and the median seconds per
 step size k give T(k)/T(1) as the loop meets it (real contexts, the mix of shapes, the allocator's
 state), next to the ratio the tuner decides with. The tuner's curve comes from a short calibration
-burst of same-shape passes (``lookahead.tuning.measure``); this checks how well it carries over.
+burst of same-shape passes (``lookahead.costs.measure``); this checks how well it carries over.
 
     .venv/bin/python benchmarks/inloop_costs.py --dataset mtbench --n 6
 """
@@ -13,7 +13,7 @@ import time
 
 import transformers
 
-from lookahead import Lookahead, datasets, models, tuning
+from lookahead import Lookahead, costs, datasets, models
 from lookahead.runner import DecoderRunner
 
 
@@ -43,7 +43,7 @@ def main() -> None:
             model.generate(**inputs, max_new_tokens=8, do_sample=False, custom_generate=Lookahead())
             timings.clear()
         model.generate(**inputs, max_new_tokens=args.max_new_tokens, do_sample=False, custom_generate=Lookahead())
-    curve = tuning.cost_curve(model, make_step=None)  # the curve the runs above measured or read
+    curve = costs.cost_curve(model, make_step=None)  # the curve the runs above measured or read
     by_k: dict[int, list[float]] = {}
     for k, seconds in timings:
         by_k.setdefault(k, []).append(seconds)

@@ -21,7 +21,7 @@ import transformers
 sys.path.insert(0, str(Path(__file__).parent))
 import policy_share  # noqa: E402  (the stored curve)
 
-from lookahead import Lookahead, datasets, decoding, models, tuning  # noqa: E402
+from lookahead import Lookahead, costs, datasets, decoding, models  # noqa: E402
 from lookahead.runner import DecoderRunner  # noqa: E402
 
 
@@ -39,7 +39,7 @@ def main() -> None:
     model, tokenizer = models.load(args.model, dtype="float32")
     curve = policy_share.stored_curve(args.model)
     t1 = curve(1)
-    true = tuning.CostCurve(tuple((k, t1 + (s - t1) * args.true_excess) for k, s in curve.points))
+    true = costs.CostCurve(tuple((k, t1 + (s - t1) * args.true_excess) for k, s in curve.points))
     decide = true if args.decide_true else curve
     decoding.cost_curve = lambda model, make_step: decide  # as the bf16 run would (or with the priced curve)
     cost = [0.0]

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from lookahead import Lookahead, datasets, decoding, models, tuning
+from lookahead import Lookahead, costs, datasets, decoding, models
 from lookahead.bound import clairvoyant_bounds
 from lookahead.drafting import TreeDrafter
 from lookahead.runner import DecoderRunner
@@ -69,12 +69,12 @@ POLICIES = {  # name -> Lookahead keyword arguments
 }
 
 
-def load_curve(name: str, model_name: str) -> tuning.CostCurve:
+def load_curve(name: str, model_name: str) -> costs.CostCurve:
     """A named curve (``CURVES``), or ``stored`` / ``stored-DTYPE``: the curve this machine
     stored for the model in bf16 / in DTYPE (``stored-float16``, ``stored-float32``), or a JSON
     file of [tokens, seconds] points."""
     if name.endswith(".json"):
-        return tuning.CostCurve.from_points(json.loads(Path(name).read_text()))
+        return costs.CostCurve.from_points(json.loads(Path(name).read_text()))
     if name == "stored" or name.startswith("stored-"):
         try:
             dtype = str(models.parse_dtype(name.partition("-")[2] or "bfloat16")).replace("torch.", "")
@@ -83,12 +83,12 @@ def load_curve(name: str, model_name: str) -> tuning.CostCurve:
         return stored_curve(model_name, dtype)
     if name not in CURVES:
         raise SystemExit(f"unknown curve {name!r}: one of {', '.join(CURVES)}, stored or stored-DTYPE")
-    return tuning.CostCurve(CURVES[name])
+    return costs.CostCurve(CURVES[name])
 
 
-def stored_curve(model_name: str, dtype: str = "bfloat16") -> tuning.CostCurve:
+def stored_curve(model_name: str, dtype: str = "bfloat16") -> costs.CostCurve:
     """The curve ``Lookahead()`` stored for the model in ``dtype`` on this machine, timed the
-    current way (``tuning.CALIBRATION``), at this process's thread count where one was stored at
+    current way (``costs.CALIBRATION``), at this process's thread count where one was stored at
     it; any run of the model in that dtype stores one (``lookahead bench --dtype ...``)."""
     hint = f"run `lookahead bench humaneval --n 1 --max-new-tokens 8 --model {model_name} --dtype {dtype}` once"
     try:
@@ -96,7 +96,7 @@ def stored_curve(model_name: str, dtype: str = "bfloat16") -> tuning.CostCurve:
     except FileNotFoundError:
         raise SystemExit(f"no cost curve stored yet in {models.cache_dir()}: {hint}") from None
     arch = {"smollm2": "llama", "gemma3": "gemma3_text"}.get(model_name, model_name)
-    mine = f"|{dtype}|", tuning.CALIBRATION
+    mine = f"|{dtype}|", costs.CALIBRATION
     # the model's, not the tiny test models' of the same architecture (their T(1) is under 20 ms)
     keys = [k for k in stored if k.startswith(arch + "-") and all(m in k.replace("torch.", "") for m in mine)]
     keys = [k for k in keys if stored[k][0][1] > 0.02]
@@ -105,7 +105,7 @@ def stored_curve(model_name: str, dtype: str = "bfloat16") -> tuning.CostCurve:
     threads = [k for k in keys if f"|{torch.get_num_threads()}|" in k]
     if not threads:
         print(f"note: no {dtype} curve at {torch.get_num_threads()} threads; using {keys[0]}", file=sys.stderr)
-    return tuning.CostCurve(tuple((int(k), float(s)) for k, s in stored[(threads or keys)[0]]))
+    return costs.CostCurve(tuple((int(k), float(s)) for k, s in stored[(threads or keys)[0]]))
 
 
 def main() -> None:
@@ -121,7 +121,7 @@ def main() -> None:
     transformers.utils.logging.set_verbosity_error()
     model, tokenizer = models.load(args.model, dtype="float32")
     priced = [0.0]
-    curve_now: list[tuning.CostCurve] = []
+    curve_now: list[costs.CostCurve] = []
     step = DecoderRunner.step
 
     def timed_step(self, layout, step_ids):  # price every forward pass with the curve in use

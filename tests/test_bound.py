@@ -8,7 +8,7 @@ from tiny_models import repetitive_prompt, tiny_model
 
 from lookahead import Lookahead
 from lookahead.bound import clairvoyant_bound, matched, prompt_lookup_candidates, suffix_candidates
-from lookahead.tuning import CostCurve
+from lookahead.costs import CostCurve
 
 FREE = CostCurve(((1, 1.0), (128, 1.0)))  # width costs nothing: the bound counts forward passes
 STEEP = CostCurve(((1, 1.0), (2, 3.0), (128, 200.0)))  # any wide step costs more than it can emit

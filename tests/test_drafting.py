@@ -8,10 +8,11 @@ import pytest
 from tiny_models import CONFIGS, repetitive_prompt, tiny_model
 
 from lookahead import Lookahead
+from lookahead.costs import CostCurve
 from lookahead.drafting import PRIORS, TreeDrafter, _trie, span_band
 from lookahead.lookup import ContextIndex
 from lookahead.support import check_model
-from lookahead.tuning import PLAIN, CostCurve
+from lookahead.tuning import PLAIN
 
 FLAT = CostCurve(((1, 1.0), (2, 1.05), (4, 1.1), (8, 1.2), (16, 1.4), (32, 2.0)))  # width nearly free
 STEEP = CostCurve(((1, 1.0), (2, 2.25), (4, 3.0), (8, 4.8), (16, 7.7)))  # a slow CPU in bf16

@@ -22,6 +22,7 @@ from transformers import (
 )
 
 from lookahead import LookaheadConfig, LookaheadStats
+from lookahead.costs import CostCurve
 from lookahead.decoding import make_chooser, new_sequence
 from lookahead.drafting import TreeDrafter
 from lookahead.engine import Engine
@@ -31,7 +32,6 @@ from lookahead.sequences import Emitter
 from lookahead.service import Request, Service
 from lookahead.support import check_model
 from lookahead.text import TextDecoder
-from lookahead.tuning import CostCurve
 from lookahead.verify import position_noise
 
 NEW = 30

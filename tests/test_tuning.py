@@ -10,8 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tiny_models import repetitive_prompt, tiny_model
 
-from lookahead import Lookahead, tuning
-from lookahead.tuning import PLAIN, CostCurve, WidthChooser, match_lengths, measure
+from lookahead import Lookahead, costs
+from lookahead.costs import CostCurve, measure
+from lookahead.tuning import PLAIN, WidthChooser, match_lengths
 
 # a CPU-like curve: 2 tokens cost 1.1x one, 4 cost 1.9x, 8 cost 2.8x, 16 cost 5x
 STEEP = CostCurve(((1, 1.0), (2, 1.1), (4, 1.9), (8, 2.8), (16, 5.0)))
@@ -51,7 +52,7 @@ def test_measure_cancels_a_steady_drift(monkeypatch):
     """A machine slowing down by 5% per pass during the calibration still gives the true ratios:
     every count is timed once going up and once coming down in each pair of rounds."""
     clock = FakeClock(COST, drift=0.05)
-    monkeypatch.setattr(tuning.time, "perf_counter", clock)
+    monkeypatch.setattr(costs.time, "perf_counter", clock)
     curve = measure(clock.step, counts=(1, 2, 4, 8), pairs=3)
     for k, cost in COST.items():
         assert curve.ratio(k) == pytest.approx(cost, rel=1e-9)
@@ -61,7 +62,7 @@ def test_measure_ignores_a_slow_spell(monkeypatch):
     """One pass 10x slow (the first count's, in one round; or a wide one's) does not move the curve."""
     for spike in ((1, 3), (4, 2)):  # (count, its nth pass; pass 0 is the warm-up)
         clock = FakeClock(COST, spikes={spike: 10.0 * COST[spike[0]]})
-        monkeypatch.setattr(tuning.time, "perf_counter", clock)
+        monkeypatch.setattr(costs.time, "perf_counter", clock)
         curve = measure(clock.step, counts=(1, 2, 4, 8), pairs=3)
         assert [k for k, _ in curve.points] == list(COST)
         assert [t for _, t in curve.points] == pytest.approx(list(COST.values()), rel=1e-9)
@@ -70,7 +71,7 @@ def test_measure_ignores_a_slow_spell(monkeypatch):
 def test_measure_never_decreases(monkeypatch):
     """Noise can make a wider pass look faster; the curve keeps the slower (earlier) floor."""
     clock = FakeClock({1: 8.0, 2: 6.0, 4: 2.0})  # wider passes faster: a decreasing raw measurement
-    monkeypatch.setattr(tuning.time, "perf_counter", clock)
+    monkeypatch.setattr(costs.time, "perf_counter", clock)
     curve = measure(clock.step, counts=(1, 2, 4), pairs=1)
     assert curve.points == ((1, 8.0), (2, 8.0), (4, 8.0))  # clamped to the floor
 
@@ -81,7 +82,7 @@ def test_the_curve_prices_every_draft_length_by_its_own_timing(monkeypatch):
     drafted tokens), not read off a line between the counts around it (1.29x at 3)."""
     cost = {k: 1.0 + 0.04 * (k - 1) if k <= 3 else 1.5 + 0.05 * (k - 4) for k in range(1, 129)}
     clock = FakeClock(cost)
-    monkeypatch.setattr(tuning.time, "perf_counter", clock)
+    monkeypatch.setattr(costs.time, "perf_counter", clock)
     curve = measure(clock.step)  # the calibration's own counts
     for k in range(1, 9):
         assert curve.ratio(k) == pytest.approx(cost[k], rel=1e-9)
@@ -268,12 +269,12 @@ import sys
 import torch
 sys.path.insert(0, {tests!r})
 from tiny_models import repetitive_prompt, tiny_model
-import lookahead.tuning as tuning
+import lookahead.costs as costs
 from lookahead import Lookahead
 if "--forbid-measure" in sys.argv:
     def refuse(*args, **kwargs):
         raise SystemExit("the cost curve was measured again")
-    tuning.measure = refuse
+    costs.measure = refuse
 torch.set_num_threads(2)
 model = tiny_model("llama")
 torch.manual_seed(2)
@@ -323,11 +324,11 @@ def test_a_given_cost_curve_decides_the_steps():
             Lookahead(cost_curve=[(1, 1.0), (8, bad)])
 
 
-def _batch_costs(near: dict, far: dict) -> tuning.BatchCosts:
+def _batch_costs(near: dict, far: dict) -> costs.BatchCosts:
     """Batch costs measured at 2 and 8 sequences after 64 and 512 cached columns: ``near[B]`` and
     ``far[B]`` are T_B(k) at 64 and 512 for k = 1, 2, 4."""
     curve = lambda seconds: CostCurve(tuple(zip((1, 2, 4), seconds, strict=True)))  # noqa: E731
-    return tuning.BatchCosts(STEEP, tuple((b, ((64, curve(near[b])), (512, curve(far[b])))) for b in (2, 8)))
+    return costs.BatchCosts(STEEP, tuple((b, ((64, curve(near[b])), (512, curve(far[b])))) for b in (2, 8)))
 
 
 def test_batch_costs_interpolate_over_batch_sizes_and_cache_lengths():
@@ -367,7 +368,7 @@ def test_batch_curve_is_measured_once_and_only_extended_after(tmp_path, monkeypa
     """A batch's costs are stored like the single curve: read back, not timed again; a wider
     setting times only the counts it adds, in the stored curve's units, and keeps the rest."""
     monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path))
-    monkeypatch.setattr(tuning, "_curves", {})
+    monkeypatch.setattr(costs, "_curves", {})
     model = tiny_model("llama")
     timed = []
 
@@ -379,16 +380,16 @@ def test_batch_curve_is_measured_once_and_only_extended_after(tmp_path, monkeypa
         return lambda: step
 
     clock = FakeClock({})
-    monkeypatch.setattr(tuning.time, "perf_counter", clock)
-    first = tuning.batch_curve(model, 4, 64, 3, make_step(1.0))
+    monkeypatch.setattr(costs.time, "perf_counter", clock)
+    first = costs.batch_curve(model, 4, 64, 3, make_step(1.0))
     assert [k for k, _ in first.points] == [1, 2, 3]  # the grid up to the first count >= 3
     assert first.ratio(3) == pytest.approx(1.5)
-    key = f"{tuning.curve_key(model)}|batch-4|context-64"
-    assert key in tuning._read_disk()
-    monkeypatch.setattr(tuning, "_curves", {})  # as a new process: from disk
+    key = f"{costs.curve_key(model)}|batch-4|context-64"
+    assert key in costs._read_disk()
+    monkeypatch.setattr(costs, "_curves", {})  # as a new process: from disk
     timed.clear()
-    assert tuning.batch_curve(model, 4, 64, 2, make_step(1.0)) == first and not timed
-    wider = tuning.batch_curve(model, 4, 64, 7, make_step(2.0))  # a machine twice as slow now
+    assert costs.batch_curve(model, 4, 64, 2, make_step(1.0)) == first and not timed
+    wider = costs.batch_curve(model, 4, 64, 7, make_step(2.0))  # a machine twice as slow now
     assert set(timed) == {1, 4, 6, 8}  # the new counts up to the first >= 7, and 1 to scale them by
     assert wider.points[:3] == first.points
     assert wider.ratio(8) == pytest.approx(2.75) and wider(8) == pytest.approx(2.75 * first(1))
@@ -407,17 +408,17 @@ def test_generate_prices_a_batch_by_its_stored_batch_costs(tmp_path, monkeypatch
 
     monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path))
     model = tiny_model("llama")
-    key, spec = tuning.curve_key(model), check_model(model)
-    near, far = sorted({_context(spec, length) for length in tuning.BATCH_CONTEXTS})
+    key, spec = costs.curve_key(model), check_model(model)
+    near, far = sorted({_context(spec, length) for length in costs.BATCH_CONTEXTS})
     assert (near, far) == (64, 128)  # the tiny model's 512 positions shorten the longer one
     free, dear = (lambda k: 1.0), (lambda k: 1.0 if k == 1 else 50.0 * k)
 
     def wide_steps(prompt_length, at_near, at_far, lookahead=None):
         data = {key: [[1, 1.0], [128, 1.0]]}
         for context, seconds in ((near, at_near), (far, at_far)):
-            data[f"{key}|batch-2|context-{context}"] = [[k, seconds(k)] for k in tuning.ROW_GRID]
+            data[f"{key}|batch-2|context-{context}"] = [[k, seconds(k)] for k in costs.ROW_GRID]
         (tmp_path / "cost-curves.json").write_text(json.dumps(data))
-        monkeypatch.setattr(tuning, "_curves", {})
+        monkeypatch.setattr(costs, "_curves", {})
         prompts = torch.cat([repetitive_prompt(prompt_length, 1), repetitive_prompt(prompt_length, 2)])
         expected = model.generate(prompts, max_new_tokens=30, do_sample=False)
         lookahead = lookahead or Lookahead()
@@ -428,7 +429,7 @@ def test_generate_prices_a_batch_by_its_stored_batch_costs(tmp_path, monkeypatch
     def forbid(*args, **kwargs):
         raise AssertionError("a stored curve was timed again")
 
-    monkeypatch.setattr(tuning, "measure", forbid)
+    monkeypatch.setattr(costs, "measure", forbid)
     assert wide_steps(24, free, free) >= 5
     assert wide_steps(24, dear, dear) <= 1  # the first probe at most
     assert wide_steps(24, free, dear) >= 5  # 24-54 cached columns: the costs after 64
@@ -464,7 +465,7 @@ def test_the_calibration_runs_without_autograd(arch, tmp_path, monkeypatch):
 
     monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path))
     model = tiny_seq2seq(arch) if arch == "t5" else tiny_model(arch)
-    grad_modes, real_measure = [], tuning.measure
+    grad_modes, real_measure = [], costs.measure
 
     def watched(step, **kwargs):
         def step_and_look(k):
@@ -473,15 +474,15 @@ def test_the_calibration_runs_without_autograd(arch, tmp_path, monkeypatch):
 
         return real_measure(step_and_look, counts=(1, 2, 4), pairs=1)
 
-    monkeypatch.setattr(tuning, "measure", watched)
-    monkeypatch.setattr(tuning, "_curves", {})
+    monkeypatch.setattr(costs, "measure", watched)
+    monkeypatch.setattr(costs, "_curves", {})
     with torch.enable_grad():
         curve = model_cost_curve(model)
         assert torch.is_grad_enabled()  # the caller's mode is left as it was
     assert grad_modes and not any(grad_modes)
     assert [k for k, _ in curve.points] == [1, 2, 4]
-    assert tuning.CALIBRATION in tuning.curve_key(model)
-    assert tuning._read_disk().keys() == {tuning.curve_key(model)}
+    assert costs.CALIBRATION in costs.curve_key(model)
+    assert costs._read_disk().keys() == {costs.curve_key(model)}
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "t5"])
@@ -496,7 +497,7 @@ def test_batch_costs_are_timed_on_batched_steps_under_a_mask(arch, tmp_path, mon
     from lookahead.support import check_model
 
     monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path))
-    monkeypatch.setattr(tuning, "_curves", {})
+    monkeypatch.setattr(costs, "_curves", {})
     model = tiny_seq2seq(arch) if arch == "t5" else tiny_model(arch)
     seen = []
 
@@ -508,20 +509,20 @@ def test_batch_costs_are_timed_on_batched_steps_under_a_mask(arch, tmp_path, mon
     handle = model.register_forward_pre_hook(look, with_kwargs=True)
     try:
         with torch.enable_grad():
-            costs = model_batch_costs(model, check_model(model), 3, 4)
+            measured = model_batch_costs(model, check_model(model), 3, 4)
     finally:
         handle.remove()
     contexts = [64] if arch == "gpt2" else [64, 128] if arch == "llama" else [64, 512]
-    assert [size for size, _ in costs.by_batch] == [2, 4]
-    assert [[length for length, _ in curves] for _, curves in costs.by_batch] == [contexts, contexts]
-    assert all(len(curve.points) == 4 for _, curves in costs.by_batch for _, curve in curves)  # k = 1..4
+    assert [size for size, _ in measured.by_batch] == [2, 4]
+    assert [[length for length, _ in curves] for _, curves in measured.by_batch] == [contexts, contexts]
+    assert all(len(curve.points) == 4 for _, curves in measured.by_batch for _, curve in curves)  # k = 1..4
     assert not any(grad for *_, grad in seen)
     steps = [(shape, dim) for shape, dim, _ in seen if shape[0] > 1 and shape[1] <= 4]  # prefills: longer
     assert {shape for shape, _ in steps} == {(b, k) for b in (2, 4) for k in (1, 2, 3, 4)}
     if arch != "t5":
         assert {dim for _, dim in steps} == {4}
-    stored = tuning._read_disk().keys()
-    assert {f"{tuning.curve_key(model)}|batch-{b}|context-{c}" for b in (2, 4) for c in contexts} <= stored
+    stored = costs._read_disk().keys()
+    assert {f"{costs.curve_key(model)}|batch-{b}|context-{c}" for b in (2, 4) for c in contexts} <= stored
 
 
 def test_weights_decide_whose_tokens_a_batch_step_is_for():
@@ -588,9 +589,9 @@ def test_processes_storing_curves_at_once_lose_none(tmp_path):
 
     script = (
         "import sys\n"
-        "from lookahead import tuning\n"
+        "from lookahead import costs\n"
         "for i in range(200):\n"
-        "    tuning._write_disk(f'{sys.argv[1]}-{i}', tuning.CostCurve(((1, 1.0), (2, 1.0 + i))))\n"
+        "    costs._write_disk(f'{sys.argv[1]}-{i}', costs.CostCurve(((1, 1.0), (2, 1.0 + i))))\n"
     )
     env = {**os.environ, "LOOKAHEAD_CACHE": str(tmp_path)}
     procs = [subprocess.Popen([sys.executable, "-c", script, name], env=env) for name in "ab"]

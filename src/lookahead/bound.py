@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .tuning import CostCurve
+from .costs import CostCurve
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,15 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerateEnc
 
 from .caches import caller_cache, fill_cache
 from .config import LookaheadConfig, LookaheadStats
+from .costs import (
+    BATCH_CONTEXTS,
+    BatchCosts,
+    CostCurve,
+    batch_curve,
+    batch_sizes_to_measure,
+    cost_curve,
+    curve_key,
+)
 from .drafting import TreeDrafter
 from .engine import Engine
 from .layout import build_layout
@@ -35,16 +44,7 @@ from .runner import DecoderRunner, Seq2SeqRunner
 from .sequences import Emitter, SeqState, assemble
 from .step import SYNCED_GPUS_REFUSED, prompt_rows, validate_call
 from .support import ModelTraits, check_model
-from .tuning import (
-    BATCH_CONTEXTS,
-    BatchCosts,
-    CostCurve,
-    WidthChooser,
-    batch_curve,
-    batch_sizes_to_measure,
-    cost_curve,
-    curve_key,
-)
+from .tuning import WidthChooser
 from .window import JacobiWindow
 
 logger = logging.getLogger(__name__)
@@ -366,7 +366,7 @@ def make_drafter(cfg: LookaheadConfig, spec: ModelTraits, batch: int, curve: Cos
 
 def model_cost_curve(model, spec: ModelTraits | None = None) -> CostCurve:
     """The model's cost curve on its device, dtype and thread count, the one ``Lookahead()``
-    prices its steps with: measured once, then read from disk (``lookahead.tuning.cost_curve``)."""
+    prices its steps with: measured once, then read from disk (``lookahead.costs.cost_curve``)."""
     spec = spec or check_model(model)
     # without autograd, as generate runs (the bench and the server ask for the curve outside it):
     # with it, every timed pass recorded a graph that the calibration cache kept alive, so wide
@@ -377,9 +377,9 @@ def model_cost_curve(model, spec: ModelTraits | None = None) -> CostCurve:
 
 def model_batch_costs(model, spec: ModelTraits, batch: int, rows: int) -> BatchCosts:
     """What the steps of a batch of up to ``batch`` sequences, of up to ``rows`` new tokens each,
-    cost: measured at the batch sizes ``tuning.batch_sizes_to_measure`` names and the cache
-    lengths ``tuning.BATCH_CONTEXTS`` names (shorter where the model's position table is), once,
-    then read from disk (``lookahead.tuning.batch_curve``)."""
+    cost: measured at the batch sizes ``costs.batch_sizes_to_measure`` names and the cache
+    lengths ``costs.BATCH_CONTEXTS`` names (shorter where the model's position table is), once,
+    then read from disk (``lookahead.costs.batch_curve``)."""
     contexts = sorted({_context(spec, length) for length in BATCH_CONTEXTS})
 
     def measured(size: int, length: int) -> CostCurve:
@@ -402,7 +402,7 @@ def _context(spec: ModelTraits, length: int) -> int:
 def _calibration_step(model, spec: ModelTraits, batch: int = 1, length: int = 64):
     """A forward pass over k new tokens per sequence after a context of about ``length`` tokens
     (fewer where the position table is short), the cache restored after: what
-    :func:`lookahead.tuning.measure` times. In a batch (of a decoder-only model) every second
+    :func:`lookahead.costs.measure` times. In a batch (of a decoder-only model) every second
     context is a token shorter, so the cache holds holes and every step runs under a mask, as a
     batch's steps do once its sequences have advanced unevenly."""
     device = model.device

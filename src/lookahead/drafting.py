@@ -54,7 +54,8 @@ from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .tuning import PLAIN, CostCurve
+from .costs import CostCurve
+from .tuning import PLAIN
 
 Path = tuple[int, ...]
 WINDOW_ONLY = (0, 0)  # a step that carries the window and no tree

@@ -52,10 +52,10 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from .costs import CostCurve
 from .drafting import Draft, TreeDrafter
 from .lookup import ContextIndex
 from .pool import PoolFeed, SharedPool
-from .tuning import CostCurve
 
 logger = logging.getLogger(__name__)
 
