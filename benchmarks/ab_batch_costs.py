@@ -14,7 +14,7 @@ import json
 import transformers
 
 from lookahead import Lookahead, bench, datasets, models
-from lookahead.decoding import model_cost_curve
+from lookahead.calibration import model_cost_curve
 
 
 def main() -> None:

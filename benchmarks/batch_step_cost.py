@@ -18,7 +18,7 @@ import torch
 import transformers
 
 from lookahead import models
-from lookahead.decoding import model_cost_curve
+from lookahead.calibration import model_cost_curve
 from lookahead.layout import build_layout
 from lookahead.runner import DecoderRunner
 from lookahead.support import check_model

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import draft_replay  # noqa: E402
 import policy_share  # noqa: E402
 
-from lookahead import Lookahead, costs, decoding, models  # noqa: E402
+from lookahead import Lookahead, calibration, costs, models  # noqa: E402
 from lookahead.drafting import TreeDrafter  # noqa: E402
 from lookahead.runner import DecoderRunner  # noqa: E402
 from lookahead.support import check_model  # noqa: E402
@@ -45,7 +45,7 @@ def curve_after(dtype: str, model_name: str) -> costs.CostCurve:
         return costs.CostCurve(tuple((int(k), float(s)) for k, s in json.loads(path.read_text())))
     model, _ = models.load(model_name, dtype=dtype)
     with torch.no_grad():
-        curve = costs.measure(decoding._calibration_step(model, check_model(model), 1, FAR), counts=costs.GRID)
+        curve = costs.measure(calibration._calibration_step(model, check_model(model), 1, FAR), counts=costs.GRID)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(curve.points))
     return curve

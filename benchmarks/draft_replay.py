@@ -62,7 +62,7 @@ import transformers
 sys.path.insert(0, str(Path(__file__).parent))
 import policy_share  # noqa: E402  (the curves and named policies)
 
-from lookahead import Lookahead, datasets, decoding, engine, models  # noqa: E402
+from lookahead import Lookahead, calibration, datasets, decoding, engine, models  # noqa: E402
 from lookahead.bound import clairvoyant_bounds  # noqa: E402
 from lookahead.drafting import TreeDrafter  # noqa: E402
 from lookahead.runner import DecoderRunner  # noqa: E402
@@ -246,9 +246,9 @@ def replay_single(model, oracle: Oracle, rows: list[dict], la: Lookahead, new: i
 
 def batch_seconds(model, batch: int, rows: int) -> Callable[[int, int, int], float]:
     """Seconds of a step of B sequences x k tokens after C cached columns, from the costs this
-    machine stored for the model over batch shapes (``decoding.model_batch_costs``, read as
+    machine stored for the model over batch shapes (``calibration.model_batch_costs``, read as
     ``costs.BatchCosts.seconds`` reads them)."""
-    costs = decoding.model_batch_costs(model, check_model(model), batch, rows)
+    costs = calibration.model_batch_costs(model, check_model(model), batch, rows)
     return lambda size, k, context: costs.seconds(k, size, context)
 
 

@@ -23,8 +23,8 @@ import torch
 import transformers
 
 from lookahead import Lookahead, datasets, models
+from lookahead.calibration import _calibration_step
 from lookahead.costs import measure
-from lookahead.decoding import _calibration_step
 from lookahead.support import check_model
 
 FALLBACK = ["def fibonacci(n):\n", "Write a haiku about the sea.", "import numpy as np\n\ndef normalize(x):\n"]

@@ -21,7 +21,7 @@ import transformers
 sys.path.insert(0, str(Path(__file__).parent))
 import policy_share  # noqa: E402  (the stored curve)
 
-from lookahead import Lookahead, costs, datasets, decoding, models  # noqa: E402
+from lookahead import Lookahead, calibration, costs, datasets, models  # noqa: E402
 from lookahead.runner import DecoderRunner  # noqa: E402
 
 
@@ -41,7 +41,7 @@ def main() -> None:
     t1 = curve(1)
     true = costs.CostCurve(tuple((k, t1 + (s - t1) * args.true_excess) for k, s in curve.points))
     decide = true if args.decide_true else curve
-    decoding.cost_curve = lambda model, make_step: decide  # as the bf16 run would (or with the priced curve)
+    calibration.cost_curve = lambda model, make_step: decide  # as the bf16 run would (or with the priced curve)
     cost = [0.0]
     step = DecoderRunner.step
 

@@ -403,7 +403,7 @@ def test_generate_prices_a_batch_by_its_stored_batch_costs(tmp_path, monkeypatch
     A given ``cost_curve`` prices the batch by that curve alone. The outputs never change."""
     import json
 
-    from lookahead.decoding import _context
+    from lookahead.calibration import _context
     from lookahead.support import check_model
 
     monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path))
@@ -461,7 +461,7 @@ def test_the_calibration_runs_without_autograd(arch, tmp_path, monkeypatch):
     pays, and the curve is stored for good), and it is stored under the current calibration."""
     from tiny_models import tiny_seq2seq
 
-    from lookahead.decoding import model_cost_curve
+    from lookahead.calibration import model_cost_curve
 
     monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path))
     model = tiny_seq2seq(arch) if arch == "t5" else tiny_model(arch)
@@ -493,7 +493,7 @@ def test_batch_costs_are_timed_on_batched_steps_under_a_mask(arch, tmp_path, mon
     short: GPT-2's 256 positions leave 64 for both)."""
     from tiny_models import tiny_seq2seq
 
-    from lookahead.decoding import model_batch_costs
+    from lookahead.calibration import model_batch_costs
     from lookahead.support import check_model
 
     monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path))

@@ -28,7 +28,8 @@ import torch
 
 from . import datasets
 from .bound import clairvoyant_bounds, prompt_lookup_candidates
-from .decoding import Lookahead, model_cost_curve
+from .calibration import model_cost_curve
+from .decoding import Lookahead
 
 logger = logging.getLogger(__name__)
 

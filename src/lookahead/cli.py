@@ -303,7 +303,7 @@ def _bench(args) -> int:
     import transformers
 
     from . import bench, datasets
-    from .decoding import model_batch_costs, model_cost_curve
+    from .calibration import model_batch_costs, model_cost_curve
     from .support import check_model
 
     transformers.utils.logging.set_verbosity_error()

@@ -5,8 +5,8 @@ batch of B sequences of k new tokens each, after C cached columns per sequence, 
 (:class:`BatchCosts`). :func:`cost_curve` and :func:`batch_curve` time a few forward passes
 (:func:`measure`) once per model, device, dtype and thread count (:func:`curve_key`) and keep the
 curves in ``$LOOKAHEAD_CACHE/cost-curves.json``: every process reads back the same curves, so
-every process takes the same steps. What the passes run is the caller's (``make_step``); what the
-curves decide is ``lookahead.tuning``'s.
+every process takes the same steps. What the passes run is the caller's (``make_step``: the
+model's own, ``lookahead.calibration``); what the curves decide is ``lookahead.tuning``'s.
 """
 
 from __future__ import annotations

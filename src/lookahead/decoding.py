@@ -25,22 +25,13 @@ from transformers import StoppingCriteriaList, StopStringCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerateEncoderDecoderOutput
 
 from .caches import caller_cache, fill_cache
+from .calibration import model_batch_costs, model_cost_curve
 from .config import LookaheadConfig, LookaheadStats
-from .costs import (
-    BATCH_CONTEXTS,
-    BatchCosts,
-    CostCurve,
-    batch_curve,
-    batch_sizes_to_measure,
-    cost_curve,
-    curve_key,
-)
+from .costs import CostCurve, curve_key
 from .drafting import TreeDrafter
 from .engine import Engine
-from .layout import build_layout
 from .lookup import ContextIndex
 from .pool import NGramPool
-from .runner import DecoderRunner, Seq2SeqRunner
 from .sequences import Emitter, SeqState, assemble
 from .step import SYNCED_GPUS_REFUSED, prompt_rows, validate_call
 from .support import ModelTraits, check_model
@@ -364,66 +355,4 @@ def make_drafter(cfg: LookaheadConfig, spec: ModelTraits, batch: int, curve: Cos
     return TreeDrafter(curve, max_nodes=cfg.max_candidates * (cfg.max_emitted - 1), max_leaves=cfg.max_candidates)
 
 
-def model_cost_curve(model, spec: ModelTraits | None = None) -> CostCurve:
-    """The model's cost curve on its device, dtype and thread count, the one ``Lookahead()``
-    prices its steps with: measured once, then read from disk (``lookahead.costs.cost_curve``)."""
-    spec = spec or check_model(model)
-    # without autograd, as generate runs (the bench and the server ask for the curve outside it):
-    # with it, every timed pass recorded a graph that the calibration cache kept alive, so wide
-    # passes were timed 1.3-2x dearer than decoding pays, and the process grew by GBs
-    with torch.no_grad():
-        return cost_curve(model, lambda: _calibration_step(model, spec))
-
-
-def model_batch_costs(model, spec: ModelTraits, batch: int, rows: int) -> BatchCosts:
-    """What the steps of a batch of up to ``batch`` sequences, of up to ``rows`` new tokens each,
-    cost: measured at the batch sizes ``costs.batch_sizes_to_measure`` names and the cache
-    lengths ``costs.BATCH_CONTEXTS`` names (shorter where the model's position table is), once,
-    then read from disk (``lookahead.costs.batch_curve``)."""
-    contexts = sorted({_context(spec, length) for length in BATCH_CONTEXTS})
-
-    def measured(size: int, length: int) -> CostCurve:
-        return batch_curve(model, size, length, rows, lambda: _calibration_step(model, spec, size, length))
-
-    with torch.no_grad():  # as model_cost_curve
-        single = model_cost_curve(model, spec)
-        sizes = batch_sizes_to_measure(batch)
-        by_batch = tuple((size, tuple((length, measured(size, length)) for length in contexts)) for size in sizes)
-    return BatchCosts(single, by_batch)
-
-
-def _context(spec: ModelTraits, length: int) -> int:
-    """``length`` cached tokens, or fewer where the model's position table or RoPE threshold leaves
-    less room (a dynamic RoPE keeps the frequencies of the longest pass it has seen)."""
-    limit = spec.context_limit
-    return length if limit is None else min(length, limit // 4)
-
-
-def _calibration_step(model, spec: ModelTraits, batch: int = 1, length: int = 64):
-    """A forward pass over k new tokens per sequence after a context of about ``length`` tokens
-    (fewer where the position table is short), the cache restored after: what
-    :func:`lookahead.costs.measure` times. In a batch (of a decoder-only model) every second
-    context is a token shorter, so the cache holds holes and every step runs under a mask, as a
-    batch's steps do once its sequences have advanced unevenly."""
-    device = model.device
-    context = _context(spec, length)
-    if spec.encoder_decoder:
-        encoder = model.get_encoder()(input_ids=torch.ones(batch, 32, dtype=torch.long, device=device))
-        runner = Seq2SeqRunner(model, {"encoder_outputs": encoder})
-        runner.prefill([[1] * context] * batch)
-    else:
-        runner = DecoderRunner(model, spec)
-        runner.prefill([[1] * (context - b % 2) for b in range(batch)])
-
-    def step(k: int) -> None:
-        if spec.context_limit is not None and context + k >= spec.context_limit:
-            k = spec.context_limit - context - 1  # the position table's end, or a RoPE threshold: time what fits
-        runner.step(build_layout(1, 0, 0, 1 if k > 1 else 0, k - 1), [[1] * k] * batch)
-        if device.type != "cpu":  # the pass has finished before the clock is read
-            torch.accelerator.synchronize(device)
-        runner.cache.crop(-k)
-
-    return step
-
-
-__all__ = ["Lookahead", "make_chooser", "make_drafter", "model_batch_costs", "new_sequence"]
+__all__ = ["Lookahead", "make_chooser", "make_drafter", "new_sequence"]
