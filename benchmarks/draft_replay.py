@@ -62,7 +62,7 @@ import transformers
 sys.path.insert(0, str(Path(__file__).parent))
 import policy_share  # noqa: E402  (the curves and named policies)
 
-from lookahead import Lookahead, calibration, datasets, decoding, engine, models  # noqa: E402
+from lookahead import Lookahead, assembly, calibration, datasets, engine, models  # noqa: E402
 from lookahead.bound import clairvoyant_bounds  # noqa: E402
 from lookahead.drafting import TreeDrafter  # noqa: E402
 from lookahead.runner import DecoderRunner  # noqa: E402
@@ -345,7 +345,7 @@ def main() -> None:
             mine = [r for r in rows if r["dataset"] == name][: args.n]
             for policy in args.policies:
                 options, drafter = policy_options(policy)
-                decoding.TreeDrafter = functools.partial(TreeDrafter, **drafter)
+                assembly.TreeDrafter = functools.partial(TreeDrafter, **drafter)
                 # one instance per policy and dataset, reused prompt after prompt, as a workload would
                 # (--batch-costs: the stored batch costs, as Lookahead() itself reads them)
                 curve = None if args.batch_costs else price or oracle.curve
@@ -389,7 +389,7 @@ def main() -> None:
                             print(f"|  |  | {r['prompt']} | {r['speedup']:.3f}x | {r['bound7']:.3f}x | {share:.0%} | "
                                   f"{r['bound3']:.3f}x | {r['tokens_per_step']:.2f} |")  # fmt: skip
                     results.append({"curve": curve_name, "dataset": name, "policy": policy, "batch": 1, "runs": runs})
-    decoding.TreeDrafter = TreeDrafter
+    assembly.TreeDrafter = TreeDrafter
     if lost:
         print("\n| curve | dataset | policy | lost, all | failed drafts | (of them, no source matched) | missed | "
               "short | over-wide | probes | other | marginal drafts: expected / got per unit of cost |")  # fmt: skip

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from lookahead import Lookahead, costs, datasets, decoding, models
+from lookahead import Lookahead, assembly, costs, datasets, models
 from lookahead.bound import clairvoyant_bounds
 from lookahead.drafting import TreeDrafter
 from lookahead.runner import DecoderRunner
@@ -151,7 +151,7 @@ def main() -> None:
                 inputs = datasets.encode(tokenizer, prompt)
                 for policy in args.policies:
                     drafter_options = POLICIES[policy].get("_drafter", {})  # TreeDrafter settings to try
-                    decoding.TreeDrafter = functools.partial(TreeDrafter, **drafter_options)
+                    assembly.TreeDrafter = functools.partial(TreeDrafter, **drafter_options)
                     la = instances[policy]
                     priced[0] = 0.0
                     out = model.generate(**inputs, max_new_tokens=args.max_new_tokens, do_sample=False,

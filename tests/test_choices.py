@@ -8,8 +8,8 @@ import torch
 from tiny_models import repetitive_prompt, tiny_model
 
 from lookahead import LookaheadConfig, LookaheadStats
+from lookahead.assembly import make_chooser, new_sequence
 from lookahead.choices import StepChoices, fetch_matched, greedy_choices
-from lookahead.decoding import make_chooser, new_sequence
 from lookahead.engine import Engine
 from lookahead.layout import build_layout, tree_shape
 from lookahead.sequences import Emitter

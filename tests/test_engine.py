@@ -22,8 +22,8 @@ from transformers import (
 )
 
 from lookahead import LookaheadConfig, LookaheadStats
+from lookahead.assembly import make_chooser, new_sequence
 from lookahead.costs import CostCurve
-from lookahead.decoding import make_chooser, new_sequence
 from lookahead.drafting import TreeDrafter
 from lookahead.engine import Engine
 from lookahead.layout import build_layout

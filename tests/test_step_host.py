@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import EosTokenCriteria, MaxLengthCriteria, StoppingCriteria, StoppingCriteriaList
 
+from lookahead.assembly import new_sequence
 from lookahead.config import LookaheadConfig
-from lookahead.decoding import new_sequence
 from lookahead.sequences import _StopCheck
 
 

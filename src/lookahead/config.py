@@ -73,7 +73,7 @@ class LookaheadConfig:
         """Whether a sequence running alone may be count-drafted (``lookahead.drafting``): adaptive
         settings with count drafting and token trees, some candidates; with or without a window.
         (The model must take position_ids too, and the batch must be one sequence: see
-        ``decoding.make_drafter``.)"""
+        ``assembly.make_drafter``.)"""
         return self.adaptive and self.count_drafting and self.token_tree and self.max_candidates > 0
 
     @property

@@ -50,8 +50,8 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from .assembly import make_chooser, make_drafter, new_sequence, settle
 from .config import LookaheadConfig, LookaheadStats
-from .decoding import make_chooser, make_drafter, new_sequence, settle
 from .engine import ChunkedPrefill, Engine
 from .pool import PoolFeed, SharedPool
 from .runner import AdmissionError
