@@ -1,11 +1,15 @@
-"""A/B: a batch's steps priced by its measured batch costs, or by the single-sequence curve.
+"""Does a batch run faster when its steps are priced by measured batch costs, or by the single curve?
 
 ``Lookahead()`` prices the steps of a batch with costs measured over batch sizes and cache lengths
 (``lookahead.costs.BatchCosts``); ``Lookahead(cost_curve=<the model's single curve>)`` prices
 them as before those existed, T(B * k) / T(B). Both run against greedy on the same batches,
-alternating batch by batch (``lookahead.bench.run_bench``), bf16 by default:
+alternating batch by batch (``lookahead.bench.run_bench``), bf16 by default. Prints a row per
+dataset, batch size and method (speedup, tokens/s, tokens per step, wide steps, identical to
+greedy); ``--out`` keeps the summaries as JSON.
 
-    .venv/bin/python benchmarks/ab_batch_costs.py --datasets humaneval mtbench --batch-size 4 8 16
+    .venv/bin/python benchmarks/ab_batch_costs.py --batch-size 4 8 16           # docs/batches.md
+    .venv/bin/python benchmarks/ab_batch_costs.py --n 2 --max-new-tokens 8 --datasets humaneval \\
+        --batch-size 2                                                          # smallest: seconds
 """
 
 import argparse

@@ -1,12 +1,15 @@
-"""A/B: a batch's steps weighted towards the sequences furthest from their end, or not.
+"""Does weighting a batch's steps towards the sequences furthest from their end make it faster?
 
 ``generate`` returns when its last sequence ends, so ``Lookahead()`` weighs each sequence's
 tokens by (tokens it may still emit / the most any may) ** ``Engine.laggard_power`` (4) when it
 prices a batch's step (``lookahead.engine.Engine._weights``); power 0 counts every sequence's
-tokens alike (tokens per second, as before). Both run against greedy on the same batches,
-alternating batch by batch (``lookahead.bench.run_bench``), bf16 by default:
+tokens alike (tokens per second, as before). Each power in ``--powers`` runs against greedy on
+the same batches, alternating batch by batch (``lookahead.bench.run_bench``), bf16 by default.
+Prints and writes as ``ab_batch_costs.py`` does, whose options it shares.
 
-    .venv/bin/python benchmarks/ab_laggards.py --datasets humaneval mtbench --batch-size 4 8
+    .venv/bin/python benchmarks/ab_laggards.py --n 32 --batch-size 4 8          # docs/batches.md
+    .venv/bin/python benchmarks/ab_laggards.py --n 2 --max-new-tokens 8 --datasets humaneval \\
+        --batch-size 2                                                          # smallest: seconds
 """
 
 import sys

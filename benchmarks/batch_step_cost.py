@@ -1,13 +1,15 @@
-"""What a step of k tokens per sequence costs a batch, against its plain step, by cache length.
+"""What does a step of k tokens per sequence cost a batch, against its plain step, by cache length?
 
 Times ``DecoderRunner.step`` directly (no decoding loop): B left-padded contexts of about C
 tokens (every second one a token shorter, so the cache holds holes and every step runs under a
 mask, as a batch's steps do), k = 1, 2, 4, 7 new tokens per sequence (``--counts``), the cache
-cropped back after each pass; rounds alternate up and down in k, and each ratio is the median over k = 1's. The
-single-sequence curve's estimate, T(B * k) / T(B), is printed beside it.
+cropped back after each pass; rounds alternate up and down in k, and each ratio is the median
+over k = 1's. Prints a row per batch size and cache length: the plain step's milliseconds and
+T_B(k) / T_B(1) for each k, with the single-sequence curve's estimate, T(B * k) / T(B), beside it.
 
-    .venv/bin/python benchmarks/batch_step_cost.py --batch 1 8 --context 64 128 256 512
+    .venv/bin/python benchmarks/batch_step_cost.py                              # docs/batches.md
     .venv/bin/python benchmarks/batch_step_cost.py --dtype float32 --batch 1 --context 64 --counts 1 2 3 4 5 6 7 8
+    .venv/bin/python benchmarks/batch_step_cost.py --batch 2 --context 16 --rounds 1 --counts 1 2   # smallest
 """
 
 import argparse

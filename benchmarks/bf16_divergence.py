@@ -1,12 +1,14 @@
 """How often does bf16 lookahead output differ from plain bf16 greedy, where, and why?
 
-    .venv/bin/python benchmarks/bf16_divergence.py --n 10 --new-tokens 64
+Runs 2n prompts (n HumanEval, n MT-bench) on the model in bf16 with plain greedy, Lookahead
+(given W/N/G) and transformers' prompt lookup decoding. For each output that differs from plain
+greedy it reports the first differing token and, from plain greedy's own logits at that position,
+the gap between its top two tokens: near-ties that a different batch shape (and so a different
+bf16 summation order) can flip. Writes ``--out`` (JSON, one row per prompt and method) and prints a
+table.
 
-Runs 2n prompts (n HumanEval, n MT-bench) on the bundled SmolLM2 in bf16 with plain greedy,
-Lookahead (given W/N/G) and transformers' prompt lookup decoding. For each output that differs
-from plain greedy it reports the first differing token and, from plain greedy's own logits at that
-position, the gap between its top two tokens: near-ties that a different batch shape (and so a
-different bf16 summation order) can flip. Writes results/bf16_divergence.json.
+    .venv/bin/python benchmarks/bf16_divergence.py --n 10 --new-tokens 64       # docs/exactness.md
+    .venv/bin/python benchmarks/bf16_divergence.py --n 1 --new-tokens 8         # smallest, seconds
 """
 
 import argparse
@@ -28,7 +30,8 @@ def top2_gap(model, sequence, position):
 
 
 def main():
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2", help="a bundled model or a checkpoint folder")
     parser.add_argument("--n", type=int, default=10, help="prompts per dataset")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("-W", type=int, default=4)
@@ -36,7 +39,7 @@ def main():
     parser.add_argument("-G", type=int, default=4)
     parser.add_argument("--out", default="results/bf16_divergence.json")
     args = parser.parse_args()
-    model, tok = models.load("smollm2", dtype="bfloat16")
+    model, tok = models.load(args.model, dtype="bfloat16")
     prompts = datasets.humaneval(args.n) + datasets.mtbench(args.n)
     methods = {
         f"lookahead({args.W},{args.N},{args.G})": lambda: dict(custom_generate=Lookahead(args.W, args.N, args.G)),

@@ -1,15 +1,19 @@
-"""The server's engine under load, without HTTP: lookahead against plain one-token steps, alternating.
+"""How fast does the server's engine serve concurrent clients with lookahead, against plain
+one-token steps, without HTTP in the way?
 
-`benchmarks/serve_load.py` measures what clients see, through uvicorn and the openai client;
+``benchmarks/serve_load.py`` measures what clients see, through uvicorn and the openai client;
 this drives the same :class:`lookahead.service.Service` (engine thread, continuous batching,
 measured batch costs, warm pool) in-process, so that a change to the engine or the tuner can be
 judged in a few minutes and with less noise. C clients each send their share of the requests one
 after another (greedy, ``max_tokens`` each); every repeat builds fresh services (an empty warm
-pool, no drafting statistics), and the servers run one after the other on the same requests. Reports
-output tokens/s per server and repeat, its ratio to plain, forward passes and the steps that were
-wide, and checks that every server returned the same tokens.
+pool, no drafting statistics), and the servers run one after the other on the same requests.
+Prints output tokens/s per server (median over repeats), its ratio to plain, forward passes, the
+steps that were wide and how many outputs were plain's; ``--out`` keeps every row as JSON. In
+fp32 every server must return plain's tokens: the exit status is 1 if one did not.
 
-    .venv/bin/python benchmarks/engine_load.py --dataset mtbench --clients 16 --requests 16 --repeats 3
+    .venv/bin/python benchmarks/engine_load.py --dataset mtbench --clients 8 --requests 8   # docs/serving.md
+    .venv/bin/python benchmarks/engine_load.py --dtype float32 --max-tokens 64 --clients 16 --requests 16
+    .venv/bin/python benchmarks/engine_load.py --clients 2 --requests 2 --max-tokens 8 --repeats 1  # smallest
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Is lookahead exact on a CUDA GPU, how fast is it there, and where does a step's time go?
 # The GPU check (issues 13 and 14): one script, about 9 minutes with the defaults for the bundled
 # SmolLM2-135M on the H200 hosts of 2026-12-04 (whose forward pass took 28-42 ms, host-bound), inside
 # the 10 minutes a device command may run. Writes everything under OUT (default results/gpu).
@@ -10,6 +11,7 @@
 # DEVICE=cpu N=1 NEW_TOKENS=16 GAP_TOKENS=16 PHASES=0 HOST_COST=0 tries the script here before a
 # lease is spent on it (no synchronisation counts on a CPU). A step that fails is reported and the
 # next one runs; the exit status counts the failures.
+# tests/test_benchmark_tools.py checks that it parses and refuses a BENCH_SECONDS under 2.
 #
 # Needs a CUDA build of torch with transformers 5.20 or newer, this repository's src/ (put on
 # PYTHONPATH here, so that the machine's own torch is used: scripts/setup.sh would install the CPU

@@ -1,7 +1,8 @@
-"""What benchmarks/gpu_check.sh checks on a CUDA device besides speed: exactness in fp32, the
-host-device synchronisations per step, and the bf16 cost curve.
+"""Is lookahead exact on a CUDA device, how often does a step make the host wait for the device,
+and what is the device's cost curve? What benchmarks/gpu_check.sh checks besides speed.
 
-    python benchmarks/gpu_checks.py --json results/gpu/checks.json
+    python3 benchmarks/gpu_checks.py --json results/gpu/checks.json             # step 1 of gpu_check.sh
+    .venv/bin/python benchmarks/gpu_checks.py --device cpu --n 1 --new-tokens 8  # smallest: tries it on a CPU
 
 1. **Exactness** (fp32): ``Lookahead()`` (on CUDA: count drafting with the Jacobi window),
    ``Lookahead(window_size=0, adaptive=True)`` (count drafting alone, the CPU default), (4, 4, 4)
@@ -11,6 +12,9 @@ host-device synchronisations per step, and the bf16 cost curve.
    that makes the host wait for the device; counted per forward pass, for greedy steps at batch
    1 and 4 (the target: one per step, the read of the chosen tokens).
 3. **Cost curve** (bf16): T(k) / T(1) for k = 1 .. 128 new tokens, as the tuner measures it.
+
+Prints each result as it comes; ``--json`` keeps them all. On a CPU there are no synchronisations
+to count: the other two checks run.
 """
 
 import argparse

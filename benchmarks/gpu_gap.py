@@ -1,4 +1,4 @@
-"""Why a lookahead step costs more than the cost curve says on a GPU host: the suspects, one at a time.
+"""Why does a lookahead step cost more than the cost curve says on a GPU host? The suspects, one at a time.
 
 On the H200 of 2026-12-04 (second run) every `Lookahead()` step took 105-132 ms while the cost
 curve, timed with the device synchronised after each pass at a 64-token context, said 42-53 ms
@@ -28,10 +28,13 @@ Every timed call runs a prompt of its own (``--first`` on), so that the shapes i
 mostly new to the process, as in the bench: cuDNN keeps the graph of every shape it has seen, and
 a second call on the same text would find them all built. As in the bench, greedy runs first on
 each prompt (so ``Lookahead()``'s steps of t alone, which have greedy's shapes, find theirs
-built), and cache lengths overlap from prompt to prompt.
+built), and cache lengths overlap from prompt to prompt. Prints both tables; ``--json`` keeps
+every timing.
 
-    python3 benchmarks/gpu_gap.py --device cuda --json results/gpu/gap.json
+    python3 benchmarks/gpu_gap.py --device cuda --json results/gpu/gap.json    # step 2 of gpu_check.sh
     .venv/bin/python benchmarks/gpu_gap.py --device cpu --max-new-tokens 16 --rounds 1   # tries it
+    .venv/bin/python benchmarks/gpu_gap.py --device cpu --max-new-tokens 8 --rounds 1 --variants default \\
+        --bare-passes 2                                                         # smallest: seconds
 """
 
 import argparse
@@ -147,6 +150,7 @@ def main() -> None:
         nargs="+",
         default=["default", "cuDNN in wide steps", "no cuDNN", "threads=1", "sync", "gc off"],
     )
+    parser.add_argument("--bare-passes", type=int, default=20, help="timed passes per shape of the bare pass")
     parser.add_argument("--json")
     args = parser.parse_args()
     transformers.utils.logging.set_verbosity_error()
@@ -194,7 +198,7 @@ def main() -> None:
         }
     ids = encoded[-1]["input_ids"][0].tolist()
     ids = ids + [ids[-1]] * min(new, 256)  # the context a step sees late in the call
-    bare = bare_passes(model, ids, reps=20)
+    bare = bare_passes(model, ids, reps=args.bare_passes)
     print(f"\nthe runner's bare forward pass after {len(ids)} tokens, ms:\n")
     print("| pass | ms |\n|---|---|")
     for name, ms in bare.items():

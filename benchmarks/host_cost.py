@@ -1,7 +1,7 @@
-"""The loop's own time per step: wall time minus the time spent inside the model's forward pass,
-divided by forward passes, for transformers' plain greedy loop and for lookahead settings, at
-batch 1 and batch 8 (issue 13's measure). Runs alternate within one process; medians of
-``--repeats`` runs.
+"""How much host time does the loop add per step? Wall time minus the time spent inside the
+model's forward pass, divided by forward passes, for transformers' plain greedy loop and for
+lookahead settings, at batch 1 and batch 8 (issue 13's measure). Runs alternate within one
+process; medians of ``--repeats`` runs.
 
 The forward pass is timed by hooks on the model (on CUDA they synchronise the device, so the
 GPU's work counts as forward time). ``--layers 2`` keeps the first two decoder layers of the model
@@ -11,9 +11,11 @@ Two parts of the host time grow with the kept logits (slots x vocabulary) and ar
 the greedy choices (an argmax over them: on a CPU the host's work, on a GPU one kernel) and
 freeing them (on a CPU, tens of MB handed back to the OS every step; on a GPU the caching
 allocator keeps them). What is left is the loop's own work: Python, pools, masks, the cache.
+Prints a table per batch size; ``--json`` keeps every run.
 
-    .venv/bin/python benchmarks/host_cost.py --layers 2 --batch 1 8
-    .venv/bin/python benchmarks/host_cost.py --batch 1 --json results/host-cost.json
+    .venv/bin/python benchmarks/host_cost.py --layers 2 --batch 1 8 --max-new-tokens 64 --repeats 5 # how-it-works.md
+    .venv/bin/python benchmarks/host_cost.py --layers 1 --batch 1 2 --max-new-tokens 8 --repeats 1 \\
+        --settings plain "Lookahead()"                                          # smallest: seconds
 """
 
 import argparse

@@ -1,15 +1,16 @@
-"""The worst gap a running stream sees while a long prompt joins the batch, with and without
-chunked prefill (`lookahead serve --prefill-chunk`).
+"""How long does a running stream stall while a long prompt joins the batch, with and without
+chunked prefill (`lookahead serve --prefill-chunk`)?
 
 In one process (one service, its model loaded on its engine thread, as `lookahead serve` does),
 for each chunk size in turn (a size at least as long as the prompt is one pass: no chunking), the
 service streams a request; once it has produced ``--warm`` tokens, a request with a prompt of
 ``--long-tokens`` tokens arrives. The report gives, for the stream, the worst and the median gap
 between its token reports while the long prompt was prefilled, and the long request's time to
-first token. Chunk sizes alternate over ``--repeats`` rounds; medians are reported.
+first token. Chunk sizes alternate over ``--repeats`` rounds; medians are printed, and ``--out``
+keeps them and every round as JSON.
 
-    .venv/bin/python benchmarks/prefill_gap.py --long-tokens 1700 --chunks 100000 512 256 --repeats 3
-    .venv/bin/python benchmarks/prefill_gap.py --long-tokens 64 --chunks 1000 16 --repeats 1
+    .venv/bin/python benchmarks/prefill_gap.py --long-tokens 1700 --chunks 100000 512 256 --repeats 3  # docs/serving.md
+    .venv/bin/python benchmarks/prefill_gap.py --long-tokens 64 --chunks 1000 16 --repeats 1   # smallest
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Load test of `lookahead serve`: lookahead against --plain, on the same load, alternating.
+"""How fast does `lookahead serve` answer concurrent clients, against --plain, on the same load?
 
 Starts three servers on free ports of 127.0.0.1 (lookahead with its warm pool shared across
 requests, the default; lookahead with --no-shared-pool; and --plain one-token steps; idle
@@ -13,8 +13,12 @@ different prompts). Reports requests/s, output tokens/s, time to first token (TT
 after the first (TPOT) and the gap between streamed chunks (ITL), p50 and p99. Every request is
 bounded (max_tokens, a timeout) and so is the run; the servers are stopped at the end.
 
-    .venv/bin/python benchmarks/serve_load.py --clients 1 4 16 --requests 16 --max-tokens 128
-    .venv/bin/python benchmarks/serve_load.py --dataset mtbench --clients 16 --requests 16 --repeats 3
+Prints a table per concurrency level and server (medians over the rounds); writes it and every
+round's figures under ``--out`` (``serve-load.md``, ``serve-load.json``).
+
+    .venv/bin/python benchmarks/serve_load.py --dataset humaneval --clients 1 4 16 --requests 16 --max-tokens 128 \
+        --repeats 3                                                             # docs/serving.md
+    .venv/bin/python benchmarks/serve_load.py --clients 1 --requests 1 --max-tokens 8   # smallest: a minute
 """
 
 from __future__ import annotations

@@ -1,13 +1,14 @@
-"""Memory of sliding-window layers over a long generation: bounded by the window, as it should be.
+"""Does the memory of sliding-window layers stay bounded by the window over a long generation?
 
 Runs `Lookahead(4, 4, 4)` on a tiny random-weight Mistral (every layer slides, window 16) and
 Gemma 3 text model (one sliding layer of window 8, one full-attention layer) for up to
 --new-tokens new tokens, and records after every step the cache columns and key/value bytes held
 by sliding and by full-attention layers; then the same with the cache handed back
 (`return_dict_in_generate`), where every column is kept. Outputs are checked against
-`model.generate` (fp32, greedy).
+`model.generate` (fp32, greedy). Prints a row per model, length and cache choice.
 
-    .venv/bin/python benchmarks/sliding_memory.py --new-tokens 120 480
+    .venv/bin/python benchmarks/sliding_memory.py --new-tokens 120 480          # docs/exactness.md
+    .venv/bin/python benchmarks/sliding_memory.py --new-tokens 24               # smallest: seconds
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""Soak and fault test of `lookahead serve`: mixed traffic for a bounded time, on 127.0.0.1 only.
+"""Does `lookahead serve` lose nothing, and stay up, under a long run of mixed and hostile traffic?
+
+A soak and fault test: mixed traffic for a bounded time, on 127.0.0.1 only.
 
 Starts `lookahead serve` on a free loopback port, then runs ``--clients`` workers until
 ``--seconds`` have passed. Each worker sends, in a seeded order, a mix of: streamed greedy chats
@@ -18,8 +20,10 @@ The report (JSON, and a table on stdout):
 - the streams' inter-chunk gaps (after the first chunk): p50, p99 and the worst;
 - whether /health stayed up, and the server's exit status after SIGTERM.
 
-    .venv/bin/python benchmarks/soak.py --seconds 1800 --out docs/results/soak-30min.json
-    .venv/bin/python benchmarks/soak.py --seconds 60 --clients 4        # what CI runs (tests/test_soak.py)
+The exit status is 1 if a request was lost or failed unexpectedly, or the server did not exit 0.
+
+    .venv/bin/python benchmarks/soak.py --seconds 1800 --clients 6 --out docs/results/soak-30min.json  # serving.md
+    .venv/bin/python benchmarks/soak.py --seconds 60 --clients 4        # smallest: what tests/test_soak.py runs
 """
 
 from __future__ import annotations

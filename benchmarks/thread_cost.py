@@ -1,4 +1,4 @@
-"""What running torch's CPU work on more than one thread costs: time per token of plain greedy
+"""What does running torch's CPU work on more than one thread cost? Time per token of plain greedy
 decoding on the thread that loaded the model, on another thread, and through `lookahead.service`.
 
 On a CPU, torch's OpenMP runtime (GNU libgomp) keeps a team of worker threads for every thread
@@ -8,8 +8,10 @@ pays for waking them. A model loaded on one thread and run on another is then sl
 threads. `lookahead serve` therefore loads its model on the engine thread, which then runs every
 forward pass (`Service(load, ...)`). The order below matters: a thread that has run parallel work
 keeps its team until it exits, so the measurements without the main thread's team come first.
+Prints ms per token for each placement (median of ``--repeats``).
 
-    .venv/bin/python benchmarks/thread_cost.py --new-tokens 64
+    .venv/bin/python benchmarks/thread_cost.py                                  # docs/serving.md
+    .venv/bin/python benchmarks/thread_cost.py --new-tokens 8 --repeats 1       # smallest: seconds
 """
 
 from __future__ import annotations

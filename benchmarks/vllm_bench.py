@@ -1,4 +1,5 @@
-"""vLLM's OpenAI server with and without speculation: output tokens/s by concurrent clients.
+"""How much faster does vLLM's OpenAI server answer with lookahead's proposer than with no
+speculation or with vLLM's own proposers? Output tokens/s by concurrent clients.
 
 Runs in vLLM's environment (``scripts/setup.sh --vllm`` makes ``.venv-vllm``). One run compares
 the setups one after another, each a server of its own on a free port of 127.0.0.1 (vLLM's module
@@ -17,8 +18,10 @@ MT-bench: chat) and each client count C, C clients send ``--n`` prompts between 
 the same for every setup, so a warm pool never holds a request's own answer. Output tokens/s is
 the completion tokens over the wall time of the level. JSON and Markdown go to ``--out``.
 
-    .venv-vllm/bin/python benchmarks/vllm_bench.py --n 20 --max-tokens 256 --clients 1 4 16
-    .venv-vllm/bin/python benchmarks/vllm_bench.py --n 2 --max-tokens 16 --clients 1   # a smoke run
+    .venv-vllm/bin/python benchmarks/vllm_bench.py --n 20 --max-tokens 256 --clients 1 4 16 \
+        --setups plain ngram lookahead --out docs/results/vllm-bench-20x256     # docs/vllm.md
+    .venv-vllm/bin/python benchmarks/vllm_bench.py --n 1 --max-tokens 8 --clients 1 --datasets humaneval \
+        --setups plain lookahead --enforce-eager                                # smallest: a minute or two
 """
 
 from __future__ import annotations
