@@ -1,19 +1,25 @@
-"""A drafting policy's modeled speed and share of the clairvoyant bound, in seconds, not minutes.
+"""What share of the clairvoyant bound does a drafting policy reach, and at what modeled speed?
+Answered in seconds, with no clock.
 
-``benchmarks/policy_share.py`` runs the model for every policy. Here the model runs once per
-prompt (plain greedy, to get its text, kept in ``--texts``); every policy is then *replayed* over
-those texts with an oracle in place of the forward pass: the greedy choice at each slot of a step
-is the text's next token at that slot's position. Along the path verification follows (t, then
-every candidate token the model agreed with) that is exactly the model's own choice, since this is
-its greedy text; so the policy takes the same steps as on the model (it was checked on three
-HumanEval prompts in bf16: same texts, 0-1 steps apart per prompt), and each step is priced with
-a cost curve as ``policy_share.py`` prices it. 40 prompts x 256 tokens replay in about 10 s.
+The model runs once per prompt (plain greedy, to get its text, kept in ``--texts``); every policy
+is then *replayed* over those texts with an oracle in place of the forward pass: the greedy choice
+at each slot of a step is the text's next token at that slot's position. Along the path
+verification follows (t, then every candidate token the model agreed with) that is exactly the
+model's own choice, since this is its greedy text; so the policy takes the same steps as on the
+model (it was checked on three HumanEval prompts in bf16: same texts, 0-1 steps apart per
+prompt). Each step is priced with a cost curve (``_curves.py``): modeled speedup = (new tokens -
+1) / the sum over steps of T(k)/T(1), the prefill left out as the bound (``lookahead.bound``,
+computed on the same text with the same curve) leaves it out. 40 prompts x 256 tokens replay in
+about 10 s. Prints a row per curve, dataset and policy; ``--json`` keeps every replay.
 
 It cannot replay the Jacobi window (its guesses are the model's, off the text's path): use it for
 policies without one (the CPU default).
 
     .venv/bin/python benchmarks/draft_replay.py                           # Lookahead(), stored curve
-    .venv/bin/python benchmarks/draft_replay.py --curves stored stored-float16 stored-float32 gpu
+    .venv/bin/python benchmarks/draft_replay.py --curves stored stored-float16 stored-float32 steep mid flat gpu \\
+        --losses                                                          # docs/choosing-wng.md
+    .venv/bin/python benchmarks/draft_replay.py --n 1 --max-new-tokens 16 --datasets humaneval \\
+        --curves gpu                                                      # smallest: seconds
     .venv/bin/python benchmarks/draft_replay.py --curves stored steep flat gpu \\
         --policies auto '{"draft_length": 3}' '{"_drafter": {"probe_overhead": 0.05}}'
     .venv/bin/python benchmarks/draft_replay.py --batch 4 --policies auto \\
@@ -31,7 +37,7 @@ tokens per unit of cost under 1.2): what they expected against what they got.
 drafted tree none of whose first tokens is the text's next token becomes a plain step (the depth
 of every draft still estimated).
 
-A policy is a name from ``policy_share.POLICIES`` or a JSON object of ``Lookahead`` keyword
+A policy is a name from ``POLICIES`` or a JSON object of ``Lookahead`` keyword
 arguments (``"_drafter"``: ``TreeDrafter`` arguments). ``--batch B`` replays groups of B prompts
 through one batched call and reports the modeled speedup per group (plain decoding of a batch
 takes as many steps as its longest output). With ``--batch-costs`` the steps are chosen, as
@@ -41,7 +47,7 @@ cache, and a smaller batch's plain step costs about what a larger one's does);
 ``--laggard-power`` replays with several weightings of the sequences behind
 (``engine.Engine._weights``; 0 counts every sequence's tokens alike):
 
-    .venv/bin/python benchmarks/draft_replay.py --batch 8 --max-new-tokens 128 --batch-costs \
+    .venv/bin/python benchmarks/draft_replay.py --batch 8 --max-new-tokens 128 --batch-costs \\
         --laggard-power 0 4
 """
 
@@ -56,17 +62,35 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import _curves
 import torch
 import transformers
 
-sys.path.insert(0, str(Path(__file__).parent))
-import policy_share  # noqa: E402  (the curves and named policies)
+from lookahead import Lookahead, assembly, calibration, datasets, engine, models
+from lookahead.bound import clairvoyant_bounds
+from lookahead.drafting import TreeDrafter
+from lookahead.runner import DecoderRunner
+from lookahead.support import check_model
 
-from lookahead import Lookahead, assembly, calibration, datasets, engine, models  # noqa: E402
-from lookahead.bound import clairvoyant_bounds  # noqa: E402
-from lookahead.drafting import TreeDrafter  # noqa: E402
-from lookahead.runner import DecoderRunner  # noqa: E402
-from lookahead.support import check_model  # noqa: E402
+POLICIES = {  # name -> Lookahead keyword arguments ("_drafter": TreeDrafter's)
+    "auto": {},
+    "chooser": {"count_drafting": False},  # one setting per step (lookahead.tuning), no count drafting
+    "auto, N<=8": {"window_size": 0, "ngram_size": 8, "max_candidates": 4, "adaptive": True},
+    "auto, N<=8, probes 5%": {
+        "window_size": 0,
+        "ngram_size": 8,
+        "max_candidates": 4,
+        "adaptive": True,
+        "_drafter": {"probe_overhead": 0.05},
+    },
+    "chooser, N<=8": {
+        "window_size": 0,
+        "ngram_size": 8,
+        "max_candidates": 4,
+        "adaptive": True,
+        "count_drafting": False,
+    },
+}
 
 
 class Oracle:
@@ -145,7 +169,7 @@ def greedy_texts(path: Path, model, tokenizer, names: list[str], n: int, new: in
 
 
 def policy_options(policy: str) -> tuple[dict, dict]:
-    options = dict(policy_share.POLICIES[policy]) if policy in policy_share.POLICIES else json.loads(policy)
+    options = dict(POLICIES[policy]) if policy in POLICIES else json.loads(policy)
     return options, options.pop("_drafter", {})
 
 
@@ -286,7 +310,7 @@ def main() -> None:
         "--curves",
         nargs="+",
         default=["stored"],
-        help="named in policy_share.CURVES, or stored / stored-DTYPE (this machine's)",
+        help="named in _curves.CURVES (steep, mid, flat, gpu), or stored / stored-DTYPE (this machine's)",
     )
     parser.add_argument("--policies", nargs="+", default=["auto"])
     parser.add_argument(
@@ -339,8 +363,8 @@ def main() -> None:
           "| pooled speedup | pooled share |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|")
     for curve_name in args.curves:
-        oracle.curve = policy_share.load_curve(curve_name, args.model)
-        price = policy_share.load_curve(args.price_curve, args.model) if args.price_curve else None
+        oracle.curve = _curves.load_curve(curve_name, args.model)
+        price = _curves.load_curve(args.price_curve, args.model) if args.price_curve else None
         for name in args.datasets:
             mine = [r for r in rows if r["dataset"] == name][: args.n]
             for policy in args.policies:
