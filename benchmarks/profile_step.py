@@ -17,23 +17,23 @@ GROUPS = {  # phase -> (file suffix, function name) pairs whose cumulative time 
     "forward (model)": [("runner.py", "step"), ("runner.py", "prefill")],
     "verification (scoring, processors, acceptance)": [("engine.py", "_verify"), ("tuning.py", "match_lengths")],
     "pool, window, suffix lookup": [
-        ("sequences.py", "plan_step"),
+        ("planning.py", "plan_step"),
         ("engine.py", "_pool_output"),
         ("window.py", "update"),
     ],
     "count drafting (sources, trie, tree, scoring)": [
-        ("sequences.py", "draft_sources"),
+        ("planning.py", "draft_sources"),
         ("drafting.py", "draft"),
         ("drafting.py", "record"),
     ],
     "auto-tuning (pricing options, choosing)": [
-        ("sequences.py", "step_sizes"),
+        ("planning.py", "step_sizes"),
         ("tuning.py", "choose"),
         ("tuning.py", "after_step"),
         ("tuning.py", "record"),
     ],
     "cache bookkeeping (gather, crop, drop rows)": [("runner.py", "commit"), ("runner.py", "select")],
-    "emission (stopping criteria, output)": [("sequences.py", "emit")],
+    "emission (stopping criteria, output)": [("emission.py", "emit")],
 }
 
 

@@ -24,9 +24,9 @@ import torch
 import transformers
 
 from lookahead import Lookahead, datasets, models
+from lookahead import emission as emission_module
 from lookahead import engine as engine_module
 from lookahead import runner as runner_module
-from lookahead import sequences as sequences_module
 from lookahead.drafting import TreeDrafter
 
 SETTINGS = {  # name -> Lookahead arguments
@@ -79,7 +79,7 @@ class Phases:
             (E, "fetch_matched", "choices"),
             (E.Engine, "_verify", "verification"),
             (TreeDrafter, "record", "drafting: recording"),
-            (sequences_module.Emitter, "emit", "emission"),
+            (emission_module.Emitter, "emit", "emission"),
             (R, "commit", "cache commit"),
             (E.Engine, "_pool_output", "pool"),
         ]:

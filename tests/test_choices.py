@@ -10,9 +10,9 @@ from tiny_models import repetitive_prompt, tiny_model
 from lookahead import LookaheadConfig, LookaheadStats
 from lookahead.assembly import make_chooser, new_sequence
 from lookahead.choices import StepChoices, fetch_matched, greedy_choices
+from lookahead.emission import Emitter
 from lookahead.engine import Engine
 from lookahead.layout import build_layout, tree_shape
-from lookahead.sequences import Emitter
 from lookahead.step import Scorer
 from lookahead.support import check_model
 from lookahead.tuning import match_lengths

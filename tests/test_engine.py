@@ -25,10 +25,10 @@ from lookahead import LookaheadConfig, LookaheadStats
 from lookahead.assembly import make_chooser, new_sequence
 from lookahead.costs import CostCurve
 from lookahead.drafting import TreeDrafter
+from lookahead.emission import Emitter
 from lookahead.engine import Engine
 from lookahead.layout import build_layout
 from lookahead.pool import SharedPool
-from lookahead.sequences import Emitter
 from lookahead.service import Request, Service
 from lookahead.support import check_model
 from lookahead.text import TextDecoder

@@ -8,7 +8,7 @@ from transformers import EosTokenCriteria, MaxLengthCriteria, StoppingCriteria, 
 
 from lookahead.assembly import new_sequence
 from lookahead.config import LookaheadConfig
-from lookahead.sequences import _StopCheck
+from lookahead.stopping import StopCheck
 
 
 class EvenLength(StoppingCriteria):
@@ -29,7 +29,7 @@ class EvenLength(StoppingCriteria):
 )
 def test_stop_check_agrees_with_criteria(criteria):
     criteria = StoppingCriteriaList(criteria)
-    check = _StopCheck(criteria)
+    check = StopCheck(criteria)
     gen = torch.Generator().manual_seed(len(criteria))
     cfg = LookaheadConfig(0, 3, 2)
     for _ in range(40):

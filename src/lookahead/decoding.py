@@ -29,8 +29,9 @@ from .caches import caller_cache, fill_cache
 from .config import LookaheadConfig, LookaheadStats
 from .costs import CostCurve, curve_key
 from .drafting import TreeDrafter
+from .emission import Emitter
 from .engine import Engine
-from .sequences import Emitter, assemble
+from .output import assemble
 from .step import SYNCED_GPUS_REFUSED, prompt_rows, validate_call
 from .support import check_model
 

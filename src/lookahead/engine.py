@@ -26,12 +26,9 @@ from collections.abc import Callable, Sequence
 from .choices import StepChoices, fetch_matched
 from .config import LookaheadConfig, LookaheadStats
 from .drafting import TreeDrafter
+from .emission import Emitter, align
 from .layout import StepLayout, build_layout
-from .runner import AdmissionError, DecoderRunner, Seq2SeqRunner
-from .sequences import (
-    Emitter,
-    SeqState,
-    align,
+from .planning import (
     at_hand,
     candidates_for,
     draft_sources,
@@ -41,6 +38,8 @@ from .sequences import (
     use_tree,
     window_levels,
 )
+from .runner import AdmissionError, DecoderRunner, Seq2SeqRunner
+from .sequences import SeqState
 from .step import Scorer
 from .support import ModelTraits
 from .tuning import WidthChooser, match_lengths

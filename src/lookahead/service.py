@@ -52,10 +52,11 @@ from transformers import (
 
 from .assembly import make_chooser, make_drafter, new_sequence, settle
 from .config import LookaheadConfig, LookaheadStats
+from .emission import Emitter
 from .engine import ChunkedPrefill, Engine
 from .pool import PoolFeed, SharedPool
 from .runner import AdmissionError
-from .sequences import Emitter, SeqState
+from .sequences import SeqState
 from .support import check_model
 
 logger = logging.getLogger(__name__)
