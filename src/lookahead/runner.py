@@ -456,6 +456,15 @@ class DecoderRunner:
             layers.append(_Keys(keys, values))
         return layers
 
+    def reorder(self, rows: Sequence[int]) -> None:
+        """Row i becomes a copy of row ``rows[i]`` (rows may repeat: beam search's reorder). Runners
+        made with ``slab=False`` only, whose layers select rows themselves."""
+        if self.slab is not None:
+            raise ValueError("reorder takes a runner made with slab=False")
+        index = torch.tensor(list(rows))
+        self.key_pos, self.n_cached = self.key_pos[index], self.n_cached[index]
+        self.cache.batch_select_indices(_send(index, self.device))
+
     def select(self, keep: Sequence[int]) -> None:
         """Keep only the sequences ``keep`` (indices into the current batch), then cut leading columns
         that are holes in every remaining sequence."""
@@ -527,6 +536,10 @@ class Seq2SeqRunner:
     def hand_back(self) -> EncoderDecoderCache:
         """The cache, for the caller of ``generate``."""
         return self.cache
+
+    def reorder(self, rows: Sequence[int]) -> None:
+        """Row i becomes a copy of row ``rows[i]`` (rows may repeat: beam search's reorder)."""
+        self.select(rows)
 
     def select(self, keep: Sequence[int]) -> None:
         index = torch.tensor(list(keep), device=self.encoder_hidden.device)

@@ -92,15 +92,13 @@ def validate_call(
         raise ValueError("lookahead decoding needs input_ids, not inputs_embeds")
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise ValueError("the prompt is empty: give at least one token (e.g. the BOS token)")
-    if (generation_config.num_beams or 1) > 1:
-        raise ValueError("lookahead decoding does not do beam search: pass num_beams=1")
     if generation_config.penalty_alpha is not None or generation_config.dola_layers is not None:
         # with a custom_generate callable transformers no longer dispatches these itself
         raise ValueError(
             "contrastive search (penalty_alpha) and DoLa (dola_layers) are decoding methods of their own: "
             "use plain generate for them, or drop them for lookahead decoding"
         )
-    if input_ids.shape[0] > 1:
+    if input_ids.shape[0] > 1 and (generation_config.num_beams or 1) == 1:  # beams advance together
         if streamer is not None:
             raise ValueError("streamers take one sequence: stream a batch of 1, or drop the streamer")
         if generation_config.return_dict_in_generate and (

@@ -1,0 +1,158 @@
+"""Beam search with lookahead (lookahead.beams): the same beams as generate(num_beams=k), with the
+same sequences_scores and beam_indices, across decoder-only and encoder-decoder families, the
+beam options, batches, and the refusals. Tiny random-weight models, fp32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import repetitive_prompt, tiny_model, tiny_seq2seq
+from transformers import GenerationConfig
+
+from lookahead import Lookahead
+from lookahead.beam_state import BeamState
+from lookahead.beams import keeps_scores_at_most_zero
+
+DRAFTING = dict(window_size=0, ngram_size=4, max_candidates=3, adaptive=False)  # always drafts
+
+
+def _compare(model, ids, scores: bool = True, lookahead=None, **kwargs):
+    """Plain beam search and lookahead's, same call -> lookahead's output (and its stats), after
+    asserting the same sequences and beam indices, and scores to 1e-5."""
+    kwargs = {"return_dict_in_generate": True, "output_scores": scores, **kwargs}
+    ref = model.generate(ids, **kwargs)
+    lookahead = lookahead or Lookahead(**DRAFTING)
+    out = model.generate(ids, custom_generate=lookahead, **kwargs)
+    assert torch.equal(out.sequences, ref.sequences), (ref.sequences, out.sequences)
+    assert torch.equal(out.beam_indices, ref.beam_indices)
+    if scores:
+        torch.testing.assert_close(out.sequences_scores, ref.sequences_scores, atol=1e-5, rtol=0)
+        assert len(out.scores) == len(ref.scores)
+        for mine, theirs in zip(out.scores, ref.scores, strict=True):
+            torch.testing.assert_close(mine, theirs, atol=1e-4, rtol=1e-5)  # tail log-probs near -10
+    else:
+        assert out.sequences_scores is None and ref.sequences_scores is None
+    return out, lookahead.last_beam_stats
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "gpt2"])
+@pytest.mark.parametrize("k", [2, 4, 5])
+def test_same_beams_as_generate(arch, k):
+    """One prompt, k beams, scores asked (every depth needs every beam's logits)."""
+    model = tiny_model(arch)
+    _, stats = _compare(model, repetitive_prompt(), num_beams=k, max_new_tokens=24)
+    assert stats.drafted_steps > 0 and stats.depths == 24
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "gpt2"])
+def test_same_beams_without_scores(arch):
+    """Without output_scores a depth may leave out beams that were not drafted when none of their
+    continuations can be among the best 2k (BeamState._prune): the beams are still the same."""
+    model = tiny_model(arch)
+    _compare(model, repetitive_prompt(seed=1), scores=False, num_beams=4, max_new_tokens=30)
+
+
+def test_multi_depth_steps_on_a_repetitive_prompt():
+    """The drafting really happened: fewer forward passes than new tokens."""
+    model = tiny_model("llama")
+    _, stats = _compare(model, repetitive_prompt(), scores=False, num_beams=2, max_new_tokens=40)
+    assert stats.steps + 1 < stats.depths == 40, stats  # + 1: the prefill
+    assert max(stats.depth_hist) >= 2
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "gpt2"])
+def test_padded_batch_of_three(arch):
+    model = tiny_model(arch)
+    prompts = [repetitive_prompt(24, seed=s)[0] for s in range(3)]
+    prompts[1], prompts[2] = prompts[1][:17], prompts[2][:9]
+    width = max(len(p) for p in prompts)
+    ids = torch.stack([torch.cat([torch.zeros(width - len(p), dtype=torch.long), p]) for p in prompts])
+    mask = torch.stack([torch.cat([torch.zeros(width - len(p)), torch.ones(len(p))]).long() for p in prompts])
+    _compare(model, ids, attention_mask=mask, num_beams=4, max_new_tokens=20, pad_token_id=0)
+
+
+@pytest.mark.parametrize("early_stopping", [True, False, "never"])
+@pytest.mark.parametrize("length_penalty", [0.6, 1.5])
+def test_early_stopping_and_length_penalty_with_eos_in_drafts(early_stopping, length_penalty):
+    """EOS ids that the beams do produce (so drafts run through them), two of them, with each
+    early_stopping value and length penalty, returning 3 of 4 beams."""
+    model = tiny_model("llama")
+    ids = repetitive_prompt()
+    plain = model.generate(ids, num_beams=4, max_new_tokens=24)[0, ids.shape[1] :].tolist()
+    eos = [plain[5], plain[11]]  # tokens of the plain answer: hypotheses finish mid-draft
+    _compare(model, ids, num_beams=4, max_new_tokens=24, eos_token_id=eos, pad_token_id=0,
+             early_stopping=early_stopping, length_penalty=length_penalty, num_return_sequences=3)  # fmt: skip
+
+
+def test_no_repeat_ngram_and_max_length():
+    model = tiny_model("qwen2")
+    ids = repetitive_prompt()
+    _compare(model, ids, num_beams=3, max_length=ids.shape[1] + 18, no_repeat_ngram_size=3)
+    _compare(model, ids, scores=False, num_beams=3, max_length=ids.shape[1] + 18, no_repeat_ngram_size=3)
+
+
+def test_beam_sampling_draws_the_same_beams():
+    """do_sample with num_beams: each depth draws from the same tensor with the same generator
+    state, one multinomial call per depth as plain beam sampling, so a seed gives the same beams."""
+    model = tiny_model("llama")
+    ids = repetitive_prompt()
+    kwargs = {"num_beams": 3, "do_sample": True, "max_new_tokens": 20, "return_dict_in_generate": True}
+    torch.manual_seed(7)
+    ref = model.generate(ids, **kwargs)
+    torch.manual_seed(7)
+    out = model.generate(ids, custom_generate=Lookahead(**DRAFTING), **kwargs)
+    assert torch.equal(out.sequences, ref.sequences)
+
+
+@pytest.mark.parametrize("arch", ["t5", "bart", "marian"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_encoder_decoder(arch, batch):
+    model = tiny_seq2seq(arch)
+    ids = torch.cat([repetitive_prompt(16, seed=s) for s in range(batch)])
+    _compare(model, ids, num_beams=4, max_new_tokens=20)
+    _compare(model, ids, scores=False, num_beams=2, max_new_tokens=20, num_return_sequences=2)
+
+
+def test_encoder_decoder_drafts_from_the_source():
+    """Lookahead().generate passes the encoder's input as text to draft from."""
+    model = tiny_seq2seq("t5")
+    ids = repetitive_prompt(16)
+    lookahead = Lookahead(**DRAFTING)
+    ref = model.generate(ids, num_beams=3, max_new_tokens=20)
+    out = lookahead.generate(model, ids, num_beams=3, max_new_tokens=20)
+    assert torch.equal(out, ref)
+    assert lookahead.last_beam_stats.drafted_steps > 0
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"num_beam_groups": 2, "diversity_penalty": 1.0}, "num_beam_groups"),
+        ({"force_words_ids": [[5]]}, "force_words_ids"),
+    ],
+)
+def test_refused_by_name(kwargs, name):
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match=name):
+        model.generate(repetitive_prompt(), custom_generate=Lookahead(**DRAFTING), num_beams=4, max_new_tokens=4,
+                       trust_remote_code=True, **kwargs)  # fmt: skip
+
+
+def test_prune_leaves_out_only_beams_that_cannot_matter():
+    """BeamState._prune: a beam without logits is left out only when its running score is below
+    the 2k-th best known continuation; at or above it, the depth is refused."""
+    config = GenerationConfig(num_beams=2, max_length=10, length_penalty=1.0, early_stopping=False)
+    state = BeamState(torch.zeros(2, 3, dtype=torch.long), config, eos_count=0, fill_value=0)
+    state.running_scores = torch.tensor([[0.0, -5.0]])
+    log_probs = torch.full((1, 2, 6), -9.0)
+    log_probs[0, 0, :4] = torch.tensor([-0.1, -1.0, -2.0, -3.0])  # known beam 0; 4th best is -3
+    assert state._prune(log_probs.clone(), [1])  # -5 < -3: nothing of beam 1 can be picked
+    state.running_scores = torch.tensor([[0.0, -3.0]])
+    assert not state._prune(log_probs.clone(), [1])  # -3 ties the 4th best: it might be picked
+
+
+def test_only_known_processors_allow_pruning():
+    from transformers import NoRepeatNGramLogitsProcessor, SequenceBiasLogitsProcessor
+
+    assert keeps_scores_at_most_zero([NoRepeatNGramLogitsProcessor(3)])
+    assert not keeps_scores_at_most_zero([SequenceBiasLogitsProcessor({(5,): 2.0})])
