@@ -29,6 +29,7 @@ import torch
 from . import datasets
 from .bound import clairvoyant_bounds, prompt_lookup_candidates
 from .calibration import model_cost_curve
+from .costs import CostCurve
 from .decoding import Lookahead
 
 logger = logging.getLogger(__name__)
@@ -173,28 +174,15 @@ def run_bench(
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     methods = [m for m in methods if batch_size == 1 or m.batches]
-    eos = model.generation_config.eos_token_id
-    eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
     groups = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
-    runs: list[Run] = []
     curve = model_cost_curve(model) if batch_size == 1 else None  # the bound is for one sequence
     warmup = datasets.encode_batch(tokenizer, groups[0])
     for method in methods:  # first calls pay one-time costs (allocations, the model probe)
         model.generate(**{k: v.to(model.device) for k, v in warmup.items()}, max_new_tokens=4, **method.kwargs())
     total = len(groups) * len(methods) * repeats
     bar = tqdm(total=total, disable=not progress, unit="run", desc=f"bench (batch {batch_size})")
-
-    def timed(method: Method, inputs: dict) -> tuple[torch.Tensor, float, float]:
-        kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, **method.kwargs())
-        with PeakMemory(model.device) as memory:
-            start = time.perf_counter()
-            out = model.generate(**inputs, **kwargs)
-            if model.device.type == "cuda":
-                torch.cuda.synchronize()
-            seconds = time.perf_counter() - start
-        bar.update()
-        return out, seconds, memory.peak
-
+    timer = _BatchTimer(model, methods, max_new_tokens, repeats, _eos_ids(model), curve, bar.update)
+    runs: list[Run] = []
     started = time.perf_counter()
     for done, group in enumerate(groups):
         if time_budget is not None and done and time.perf_counter() - started > time_budget:
@@ -204,49 +192,102 @@ def run_bench(
             )  # fmt: skip
             break
         inputs = {k: v.to(model.device) for k, v in datasets.encode_batch(tokenizer, group).items()}
-        start_len = inputs["input_ids"].shape[1]
-        reference = None
-        mine: list[Run] = []
-        for method in methods:
-            out, seconds, peak = timed(method, inputs)
-            if reference is None:
-                reference = out  # greedy runs first
-            stats = method.lookahead.last_stats if method.lookahead else None
-            new_tokens = generated_tokens(out, start_len, eos_ids)
-            bounds = {}
-            if curve is not None and method.name != "greedy":
-                bounds = _bounds(
-                    inputs["input_ids"][0].tolist(), out[0, start_len:].tolist()[:new_tokens], curve, method
-                )
-            mine.append(
-                Run(
-                    method=method.name,
-                    prompt="+".join(p.id for p in group),
-                    kind="+".join(dict.fromkeys(p.kind for p in group)),
-                    new_tokens=new_tokens,
-                    seconds=seconds,
-                    identical=out.shape == reference.shape and bool((out == reference).all()),
-                    peak_mb=peak,
-                    tokens_per_step=stats.tokens_per_step if stats else None,
-                    accepted_hist=list(stats.accepted_hist) if stats else [],
-                    wide_share=stats.wide_steps / max(1, stats.steps - 1) if stats else None,
-                    settings=dict(stats.settings) if stats else None,
-                    **bounds,
-                    repeat_seconds=[seconds],
-                    prefill_seconds=stats.prefill_seconds if stats else None,
-                )
-            )
-        for round_ in range(1, repeats):
-            shift = round_ % len(methods)
-            for i in [*range(shift, len(methods)), *range(shift)]:
-                mine[i].repeat_seconds.append(timed(methods[i], inputs)[1])
-        for run in mine:
-            run.seconds = statistics.median(run.repeat_seconds)
-        if curve is not None:
-            _call_bounds(mine)
-        runs += mine
+        runs += timer.runs(group, inputs)
     bar.close()
     return runs
+
+
+def _eos_ids(model) -> set[int]:
+    eos = model.generation_config.eos_token_id
+    return set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+
+
+@dataclass
+class _BatchTimer:
+    """Times every method of :func:`run_bench` on one batch of prompts (:meth:`runs`)."""
+
+    model: object
+    methods: list[Method]
+    max_new_tokens: int
+    repeats: int
+    eos_ids: set[int]
+    curve: CostCurve | None  # the model's, for the clairvoyant bound; None for a batch
+    tick: Callable[[], object]  # called after every timed call (the progress bar)
+
+    def runs(self, group: list[datasets.Prompt], inputs: dict) -> list[Run]:
+        """One Run per method: the first round's output and statistics, the median of every
+        round's seconds, and (batch 1) the call's clairvoyant bound."""
+        reference = None
+        mine: list[Run] = []
+        for method in self.methods:
+            out, seconds, peak = self.timed(method, inputs)
+            if reference is None:
+                reference = out  # greedy runs first
+            mine.append(self._run(method, group, inputs, out, reference, seconds, peak))
+        for round_ in range(1, self.repeats):  # each later round starts one method later
+            shift = round_ % len(self.methods)
+            for i in [*range(shift, len(self.methods)), *range(shift)]:
+                mine[i].repeat_seconds.append(self.timed(self.methods[i], inputs)[1])
+        for run in mine:
+            run.seconds = statistics.median(run.repeat_seconds)
+        if self.curve is not None:
+            _call_bounds(mine)
+        return mine
+
+    def timed(self, method: Method, inputs: dict) -> tuple[torch.Tensor, float, float]:
+        """One generate call: its output [B, S + T], seconds and peak memory (MB)."""
+        kwargs = dict(max_new_tokens=self.max_new_tokens, do_sample=False, **method.kwargs())
+        with PeakMemory(self.model.device) as memory:
+            start = time.perf_counter()
+            out = self.model.generate(**inputs, **kwargs)
+            if self.model.device.type == "cuda":
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - start
+        self.tick()
+        return out, seconds, memory.peak
+
+    def _run(
+        self,
+        method: Method,
+        group: list[datasets.Prompt],
+        inputs: dict,
+        out: torch.Tensor,  # [B, S + T]
+        reference: torch.Tensor,  # [B, S + T]: greedy's output
+        seconds: float,
+        peak: float,
+    ) -> Run:
+        """The Run of method's first call, read just after it (its Lookahead's statistics and
+        candidates are the latest call's)."""
+        start_len = inputs["input_ids"].shape[1]
+        stats = method.lookahead.last_stats if method.lookahead else None
+        new_tokens = generated_tokens(out, start_len, self.eos_ids)
+        bounds = {}
+        if self.curve is not None and method.name != "greedy":
+            output = out[0, start_len:].tolist()[:new_tokens]
+            bounds = _bounds(inputs["input_ids"][0].tolist(), output, self.curve, method)
+        return Run(
+            method=method.name,
+            prompt="+".join(p.id for p in group),
+            kind="+".join(dict.fromkeys(p.kind for p in group)),
+            new_tokens=new_tokens,
+            seconds=seconds,
+            identical=out.shape == reference.shape and bool((out == reference).all()),
+            peak_mb=peak,
+            **(_step_fields(stats) if stats else {}),
+            **bounds,
+            repeat_seconds=[seconds],
+        )
+
+
+def _step_fields(stats) -> dict:
+    """A Run's fields from a Lookahead call's statistics (``LookaheadStats``)."""
+    return {
+        "tokens_per_step": stats.tokens_per_step,
+        "accepted_hist": list(stats.accepted_hist),
+        "wide_share": stats.wide_steps / max(1, stats.steps - 1),
+        "settings": dict(stats.settings),
+        "prefill_seconds": stats.prefill_seconds,
+    }
 
 
 def _bounds(prompt: list[int], output: list[int], curve, method: Method) -> dict:
