@@ -156,3 +156,27 @@ def test_only_known_processors_allow_pruning():
 
     assert keeps_scores_at_most_zero([NoRepeatNGramLogitsProcessor(3)])
     assert not keeps_scores_at_most_zero([SequenceBiasLogitsProcessor({(5,): 2.0})])
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from lookahead import models
+
+    return models.load("smollm2", dtype="float32")
+
+
+@pytest.mark.slow
+def test_smollm2_humaneval_ten_prompts(smollm2):
+    """The bundled SmolLM2, k = 4, on 10 HumanEval prompts: identical beams, in fewer passes."""
+    from lookahead import datasets
+
+    model, tokenizer = smollm2
+    lookahead, passes, depths = Lookahead(**DRAFTING), 0, 0
+    for prompt in datasets.humaneval(10):
+        inputs = datasets.encode(tokenizer, prompt)
+        ref = model.generate(**inputs, num_beams=4, max_new_tokens=32)
+        out = model.generate(**inputs, num_beams=4, max_new_tokens=32, custom_generate=lookahead)
+        assert torch.equal(out, ref), prompt.text[:80]
+        passes += 1 + lookahead.last_beam_stats.steps
+        depths += lookahead.last_beam_stats.depths
+    assert passes < depths, (passes, depths)

@@ -40,7 +40,7 @@ def generate(model, prompt, **kwargs):
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        (dict(num_beams=2), "num_beams=1"),
+        (dict(num_beams=2, constraints=None, force_words_ids=[[5]]), "constrained beam search"),
         (dict(return_dict_in_generate=True, output_attentions=True), "output_attentions"),
         # with a custom_generate callable transformers runs neither itself: never silently greedy
         (dict(penalty_alpha=0.6, top_k=4), r"contrastive search \(penalty_alpha\)"),
