@@ -1,4 +1,4 @@
-"""Where a lone sequence's step time goes, phase by phase, on any device: wall time per forward
+"""Where does a lone sequence's step time go, phase by phase, on any device? Wall time per forward
 pass for transformers' greedy loop and for lookahead settings, and lookahead's step split into its
 phases (drafting, planning, the forward pass, reading the choices, verification, recording,
 emission, the cache commit, the rest). Each phase is timed with the device synchronised at its
@@ -10,8 +10,12 @@ shape is warm for it: on a GPU, cuDNN attention's graphs (one per new shape; see
 ``lookahead.runner.leave_cudnn_out``). There the untimed figure is the one a fresh text meets,
 and ``benchmarks/gpu_gap.py`` times steps on texts new to the process.
 
+Prints a table of phases per setting; ``--json`` keeps every run (and, with ``--kernels``, the
+top operators by device time).
+
     .venv/bin/python benchmarks/step_phases.py --dataset mtbench --prompt 2
-    python3 benchmarks/step_phases.py --device cuda --json results/gpu/phases.json
+    python3 benchmarks/step_phases.py --device cuda --json results/gpu/phases.json   # step 4 of gpu_check.sh
+    .venv/bin/python benchmarks/step_phases.py --max-new-tokens 8 --repeats 1 --settings "(4,4,4)"  # smallest
 """
 
 import argparse
