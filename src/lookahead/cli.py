@@ -12,6 +12,7 @@ import math
 import signal
 import sys
 import time
+from pathlib import Path
 
 from . import models
 
@@ -27,6 +28,14 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="lookahead", description="Lossless lookahead decoding for transformers models.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_generate(sub)
+    _add_bench(sub)
+    _add_serve(sub)
+    return parser
+
+
+def _add_generate(sub) -> None:
+    """``lookahead generate``'s options."""
     gen = sub.add_parser("generate", help="generate text with lookahead decoding, streaming it")
     gen.add_argument("prompt", help="the prompt text")
     gen.add_argument(
@@ -51,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also run plain model.generate and report its speed and (greedy) whether outputs match",
     )
+
+
+def _add_bench(sub) -> None:
+    """``lookahead bench``'s options."""
     bench = sub.add_parser("bench", help="benchmark against plain greedy and prompt lookup decoding")
     bench.add_argument("datasets", nargs="+", help="humaneval | mtbench | FILE.jsonl (lines with a 'prompt')")
     bench.add_argument(
@@ -93,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
         "report those that ran (for a machine held for a fixed time)",
     )
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _add_serve(sub) -> None:
+    """``lookahead serve``'s options."""
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching")
     serve.add_argument("--model", default=models.DEFAULT_MODEL, help="as for generate (default: %(default)s)")
     serve.add_argument("--dtype", default="bfloat16", choices=sorted(models.DTYPES), help="default: %(default)s")
@@ -101,36 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000, help="default: %(default)s")
     serve.add_argument("--max-batch-size", type=int, default=8, help="sequences decoded together (default: 8)")
     serve.add_argument("--max-queue", type=int, default=64, help="requests waiting before 429 (default: 64)")
-    serve.add_argument(
-        "--api-key",
-        action="append",
-        default=[],
-        help="require 'Authorization: Bearer KEY' on /v1/*; may be given more than once (keys also come from "
-        f"--api-key-file and from ${API_KEYS_VARIABLE}, comma-separated, which keep them out of ps)",
-    )
-    serve.add_argument(
-        "--api-key-file", metavar="PATH", help="API keys, one a line (blank lines and #-comments skipped)"
-    )
-    serve.add_argument(
-        "--pool-scope",
-        choices=("shared", "key"),
-        help="whose n-grams a request's drafts may draw on: every request's (shared) or its own API key's (key); "
-        "default: key with more than one API key, else shared",
-    )
-    serve.add_argument(
-        "--max-body-bytes",
-        type=int,
-        default=4 * 1024 * 1024,
-        help="larger request bodies are refused with 413 (default: %(default)s)",
-    )
-    serve.add_argument(
-        "--drain-timeout",
-        type=float,
-        default=30.0,
-        metavar="SECONDS",
-        help="on SIGTERM/SIGINT, wait this long for requests in flight, then cancel them and exit 0 "
-        "(default: %(default)s)",
-    )
+    _add_serve_access(serve)
     serve.add_argument(
         "--prefill-chunk",
         type=int,
@@ -151,7 +139,41 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("-W", "--window-size", type=int, help="server-wide W (default: picked for the device)")
     serve.add_argument("-N", "--ngram-size", type=int, help="server-wide N")
     serve.add_argument("-G", "--max-candidates", type=int, help="server-wide G")
-    return parser
+
+
+def _add_serve_access(parser) -> None:
+    """``lookahead serve``'s options on its callers: API keys, whose n-grams their drafts draw on,
+    the largest body, how long a shutdown waits for them."""
+    parser.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        help="require 'Authorization: Bearer KEY' on /v1/*; may be given more than once (keys also come from "
+        f"--api-key-file and from ${API_KEYS_VARIABLE}, comma-separated, which keep them out of ps)",
+    )
+    parser.add_argument(
+        "--api-key-file", metavar="PATH", help="API keys, one a line (blank lines and #-comments skipped)"
+    )
+    parser.add_argument(
+        "--pool-scope",
+        choices=("shared", "key"),
+        help="whose n-grams a request's drafts may draw on: every request's (shared) or its own API key's (key); "
+        "default: key with more than one API key, else shared",
+    )
+    parser.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=4 * 1024 * 1024,
+        help="larger request bodies are refused with 413 (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="on SIGTERM/SIGINT, wait this long for requests in flight, then cancel them and exit 0 "
+        "(default: %(default)s)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,7 +210,6 @@ def _device(name: str) -> str:
 def _api_keys(args) -> list[str]:
     """The API keys of --api-key, --api-key-file and $LOOKAHEAD_API_KEYS, in that order, each once."""
     import os
-    from pathlib import Path
 
     keys = list(args.api_key)
     if any(not key.strip() for key in keys):
@@ -211,29 +232,32 @@ def _api_keys(args) -> list[str]:
     return [key.strip() for key in dict.fromkeys(keys)]
 
 
+def _quiet_transformers() -> None:
+    """No transformers warnings or progress bars among the command's own lines."""
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def _wng(args) -> tuple[int | None, int | None, int | None]:
+    """-W, -N and -G as given (None where not)."""
+    return args.window_size, args.ngram_size, args.max_candidates
+
+
 def _generate(args) -> int:
     import torch
-    import transformers
     from transformers import TextStreamer
 
     from .decoding import Lookahead
 
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
+    _quiet_transformers()
     if args.max_new_tokens < 1:
         raise ValueError("--max-new-tokens must be at least 1")
-    lookahead = Lookahead(args.window_size, args.ngram_size, args.max_candidates)  # validates W/N/G
+    lookahead = Lookahead(*_wng(args))  # validates W/N/G
     settings = _generation_settings(args)
-    sample = settings["do_sample"]
     model, tokenizer = models.load(args.model, dtype=args.dtype, device=_device(args.device))
-    text = args.prompt
-    if args.chat:
-        if tokenizer.chat_template is None:
-            raise ValueError(f"model {args.model!r} has no chat template: drop --chat")
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-        )
-    inputs = tokenizer(text, return_tensors="pt", add_special_tokens=not args.chat).to(model.device)
+    inputs = _prompt_inputs(args, tokenizer).to(model.device)
 
     if args.compare:  # one-time costs (allocations, the model probe) stay out of both timings
         model.generate(**inputs, max_new_tokens=2, do_sample=False)
@@ -252,24 +276,44 @@ def _generate(args) -> int:
         f"{stats.new_tokens} tokens in {seconds:.2f} s: {stats.new_tokens / seconds:.1f} tokens/s, "
         f"{stats.tokens_per_step:.2f} tokens/step, mean accepted length {stats.mean_accepted:.2f}"
     )
-    if args.compare:
-        if args.seed is not None:
-            torch.manual_seed(args.seed)
-        start = time.perf_counter()
-        plain = model.generate(**inputs, **settings)
-        plain_seconds = time.perf_counter() - start
-        # an encoder-decoder model's output is the decoder's, from its start token
-        new = plain.shape[1] - (1 if model.config.is_encoder_decoder else inputs["input_ids"].shape[1])
-        rate = f"{new} tokens in {plain_seconds:.2f} s: {new / plain_seconds:.1f} tokens/s"
-        speedup = (stats.new_tokens / seconds) / (new / plain_seconds)
-        if sample:  # two draws from the same distribution: only the speed compares
-            print(f"[plain generate] {rate}; tokens/s ratio {speedup:.2f}x; sampled: the texts are two draws")
-            return 0
-        same = plain.shape == out.shape and bool((plain == out).all())
-        print(f"[plain generate] {rate}; speedup {speedup:.2f}x; outputs {'identical' if same else 'DIFFER'}")
-        if not same:
-            return 3
-    return 0
+    if not args.compare:
+        return 0
+    return _compare(args, model, inputs, settings, out, stats.new_tokens / seconds)
+
+
+def _prompt_inputs(args, tokenizer):
+    """The prompt's input ids (a BatchEncoding), wrapped in the chat template with --chat."""
+    text = args.prompt
+    if args.chat:
+        if tokenizer.chat_template is None:
+            raise ValueError(f"model {args.model!r} has no chat template: drop --chat")
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+        )
+    return tokenizer(text, return_tensors="pt", add_special_tokens=not args.chat)
+
+
+def _compare(args, model, inputs, settings: dict, out, rate: float) -> int:
+    """--compare: plain ``model.generate`` on the same inputs and settings, its speed against
+    lookahead's ``rate`` (tokens/s) and, greedy, whether its output matches ``out`` (exit 3 where
+    it differs)."""
+    import torch
+
+    if args.seed is not None:
+        torch.manual_seed(args.seed)
+    start = time.perf_counter()
+    plain = model.generate(**inputs, **settings)
+    plain_seconds = time.perf_counter() - start
+    # an encoder-decoder model's output is the decoder's, from its start token
+    new = plain.shape[1] - (1 if model.config.is_encoder_decoder else inputs["input_ids"].shape[1])
+    timing = f"{new} tokens in {plain_seconds:.2f} s: {new / plain_seconds:.1f} tokens/s"
+    speedup = rate / (new / plain_seconds)
+    if settings["do_sample"]:  # two draws from the same distribution: only the speed compares
+        print(f"[plain generate] {timing}; tokens/s ratio {speedup:.2f}x; sampled: the texts are two draws")
+        return 0
+    same = plain.shape == out.shape and bool((plain == out).all())
+    print(f"[plain generate] {timing}; speedup {speedup:.2f}x; outputs {'identical' if same else 'DIFFER'}")
+    return 0 if same else 3
 
 
 def _generation_settings(args) -> dict:
@@ -298,24 +342,40 @@ def _generation_settings(args) -> dict:
 
 
 def _bench(args) -> int:
-    from pathlib import Path
+    from . import bench
 
-    import transformers
+    _quiet_transformers()
+    device, suites, out = _check_bench(args)
+    model, tokenizer = models.load(args.model, dtype=args.dtype, device=device)
+    if model.config.is_encoder_decoder:
+        raise ValueError("lookahead bench measures decoder-only models (its bound and prompt lookup are theirs)")
+    for name, prompts in suites.items():
+        by_batch = {
+            batch: _bench_report(args, model, tokenizer, name, prompts, batch, out) for batch in args.batch_size
+        }
+        if len(by_batch) > 1:
+            label = Path(name).stem
+            table = bench.batch_markdown(
+                by_batch, f"{label} by batch size ({args.model}, {args.dtype}, up to {len(prompts)} prompts)"
+            )
+            (out / f"{label}-batches.md").write_text(table)
+            print(table)
+    return 0
 
+
+def _check_bench(args) -> tuple[str, dict[str, list], Path]:
+    """What ``lookahead bench`` refuses before it loads the model: its numbers, W/N/G, the device,
+    missing extras, the datasets and an output folder it cannot write. Returns the device, the
+    prompts by dataset name and the output folder."""
     from . import bench, datasets
-    from .calibration import model_batch_costs, model_cost_curve
-    from .support import check_model
 
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
     if args.n < 1 or args.max_new_tokens < 1 or min(args.batch_size) < 1 or args.repeats < 1:
         raise ValueError("--n, --max-new-tokens, --batch-size and --repeats must be at least 1")
     if args.time_budget is not None and not args.time_budget > 0:
         raise ValueError(f"--time-budget must be a positive number of seconds, got {args.time_budget}")
-    chosen = (args.window_size, args.ngram_size, args.max_candidates)
-    if args.adaptive and chosen == (None,) * 3:
+    if args.adaptive and _wng(args) == (None,) * 3:
         raise ValueError("--adaptive applies to the -W/-N/-G run: give at least one of them")
-    bench.methods_for(*chosen, adaptive=args.adaptive)  # validates W/N/G before the load
+    bench.methods_for(*_wng(args), adaptive=args.adaptive)  # validates W/N/G before the load
     device = _device(args.device)
     missing = [name for name in ("tqdm", "psutil", "matplotlib") if importlib.util.find_spec(name) is None]
     if missing:
@@ -332,64 +392,66 @@ def _bench(args) -> int:
         (out / ".lookahead-write-check").unlink()
     except OSError as err:
         raise ValueError(f"--out {args.out}: cannot write there ({err.strerror})") from err
-    model, tokenizer = models.load(args.model, dtype=args.dtype, device=device)
-    if model.config.is_encoder_decoder:
-        raise ValueError("lookahead bench measures decoder-only models (its bound and prompt lookup are theirs)")
-    for name, prompts in suites.items():
-        label = Path(name).stem
-        by_batch = {}
-        for batch in args.batch_size:
-            # fresh callables per dataset and batch size: Lookahead() carries its drafting statistics
-            # from call to call, so each workload starts from the priors rather than another's
-            methods = bench.methods_for(*chosen, adaptive=args.adaptive, device=model.device)
-            runs = bench.run_bench(
-                model,
-                tokenizer,
-                prompts,
-                methods,
-                args.max_new_tokens,
-                not args.no_progress,
-                batch_size=batch,
-                repeats=args.repeats,
-                time_budget=args.time_budget,
-            )
-            # prompts the budget let run (the last batch may be short)
-            ran = min(len({run.prompt for run in runs}) * batch, len(prompts))
-            if ran < len(prompts):
-                print(f"time budget: {ran} of {len(prompts)} prompts ran")
-            report = label if args.batch_size == [1] else f"{label}-batch{batch}"
-            meta = dict(
-                dataset=name,
-                model=args.model,
-                dtype=args.dtype,
-                n=ran,
-                max_new_tokens=args.max_new_tokens,
-                batch_size=batch,
-                repeats=args.repeats,
-            )
-            if batch == 1:  # what the tuner priced its steps with and the bound was priced with
-                meta["cost_curve"] = [list(point) for point in model_cost_curve(model).points]
-            else:  # what Lookahead() priced a batch's steps with: seconds by batch size and cache length
-                costs = model_batch_costs(model, check_model(model), batch, 1)  # as stored by the run
-                meta["batch_costs"] = {
-                    size: {length: [list(point) for point in curve.points] for length, curve in curves}
-                    for size, curves in costs.by_batch
-                }
-            table, by_batch[batch] = bench.write_report(runs, out, report, meta)
-            print(table)
-            print(f"written: {out}/{report}.json, .md, .png\n")
-        if len(by_batch) > 1:
-            table = bench.batch_markdown(
-                by_batch, f"{label} by batch size ({args.model}, {args.dtype}, up to {len(prompts)} prompts)"
-            )
-            (out / f"{label}-batches.md").write_text(table)
-            print(table)
-    return 0
+    return device, suites, out
+
+
+def _bench_report(args, model, tokenizer, name: str, prompts: list, batch: int, out: Path) -> list[dict]:
+    """One dataset at one batch size: run every method, write the report (JSON, Markdown, PNG)
+    under ``out`` and print its table; returns the report's summary rows."""
+    from . import bench
+
+    # fresh callables per dataset and batch size: Lookahead() carries its drafting statistics
+    # from call to call, so each workload starts from the priors rather than another's
+    methods = bench.methods_for(*_wng(args), adaptive=args.adaptive, device=model.device)
+    runs = bench.run_bench(
+        model,
+        tokenizer,
+        prompts,
+        methods,
+        args.max_new_tokens,
+        not args.no_progress,
+        batch_size=batch,
+        repeats=args.repeats,
+        time_budget=args.time_budget,
+    )
+    # prompts the budget let run (the last batch may be short)
+    ran = min(len({run.prompt for run in runs}) * batch, len(prompts))
+    if ran < len(prompts):
+        print(f"time budget: {ran} of {len(prompts)} prompts ran")
+    label = Path(name).stem
+    report = label if args.batch_size == [1] else f"{label}-batch{batch}"
+    table, rows = bench.write_report(runs, out, report, _bench_meta(args, model, name, batch, ran))
+    print(table)
+    print(f"written: {out}/{report}.json, .md, .png\n")
+    return rows
+
+
+def _bench_meta(args, model, name: str, batch: int, ran: int) -> dict:
+    """A report's settings, and the costs its steps were priced with."""
+    from .calibration import model_batch_costs, model_cost_curve
+    from .support import check_model
+
+    meta = dict(
+        dataset=name,
+        model=args.model,
+        dtype=args.dtype,
+        n=ran,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=batch,
+        repeats=args.repeats,
+    )
+    if batch == 1:  # what the tuner priced its steps with and the bound was priced with
+        meta["cost_curve"] = [list(point) for point in model_cost_curve(model).points]
+    else:  # what Lookahead() priced a batch's steps with: seconds by batch size and cache length
+        costs = model_batch_costs(model, check_model(model), batch, 1)  # as stored by the run
+        meta["batch_costs"] = {
+            size: {length: [list(point) for point in curve.points] for length, curve in curves}
+            for size, curves in costs.by_batch
+        }
+    return meta
 
 
 def _serve(args) -> int:
-    import transformers
-
     try:
         import uvicorn
     except ImportError as err:
@@ -402,21 +464,9 @@ def _serve(args) -> int:
     from .server import ServerSettings, create_app
     from .service import PLAIN_CONFIG, Service
 
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    if args.max_batch_size < 1 or args.max_queue < 1:
-        raise ValueError("--max-batch-size and --max-queue must be at least 1")
-    if not 1 <= args.port <= 65535:
-        raise ValueError(f"--port must be in 1-65535, got {args.port}")
-    keys = _api_keys(args)
-    pool_scope = args.pool_scope or ("key" if len(keys) > 1 else "shared")
-    if args.max_body_bytes < 1 or args.prefill_chunk < 1:
-        raise ValueError("--max-body-bytes and --prefill-chunk must be at least 1")
-    if not (math.isfinite(args.drain_timeout) and args.drain_timeout >= 0):
-        raise ValueError(f"--drain-timeout must be a number of seconds >= 0, got {args.drain_timeout}")
-    if args.plain and (args.window_size, args.ngram_size, args.max_candidates) != (None,) * 3:
-        raise ValueError("--plain takes one-token steps: drop -W/-N/-G, or drop --plain")
-    lookahead = Lookahead(args.window_size, args.ngram_size, args.max_candidates)  # validates W/N/G
+    _quiet_transformers()
+    keys, pool_scope = _check_serve(args)
+    lookahead = Lookahead(*_wng(args))  # validates W/N/G
     device = _device(args.device)
     cfg = PLAIN_CONFIG if args.plain else lookahead.config_for(device)
     shared = None if args.plain or args.no_shared_pool else SharedPool()
@@ -438,19 +488,7 @@ def _serve(args) -> int:
         max_body_bytes=args.max_body_bytes, drain_timeout=args.drain_timeout,
     )  # fmt: skip
     app = create_app(service, tokenizer, settings, metrics)
-    mode = (
-        "plain one-token steps" if args.plain else f"lookahead {cfg.window_size}/{cfg.ngram_size}/{cfg.max_candidates}"
-    )
-    print(f"lookahead: serving {args.model} ({args.dtype}, {mode}) on http://{args.host}:{args.port}", file=sys.stderr)
-    defaults = app.state.sampling_defaults
-    origin = "the model's generation_config; OpenAI's where it sets none"
-    if defaults == SamplingDefaults():
-        origin = "OpenAI's"
-    print(f"lookahead: a request that leaves out a sampling field gets {defaults.describe()} "
-          f"({origin})", file=sys.stderr)  # fmt: skip
-    if keys:
-        pools = "a warm pool per key" if pool_scope == "key" and shared is not None else "one warm pool"
-        print(f"lookahead: {len(keys)} API key(s), {pools}", file=sys.stderr)
+    _announce(args, cfg, app.state.sampling_defaults, len(keys), pool_scope == "key" and shared is not None)
     # uvicorn stops admission on SIGTERM/SIGINT, waits for the requests in flight, then re-raises
     # the signal to the handler it found: a no-op one lets the process exit 0 once drained
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -459,6 +497,43 @@ def _serve(args) -> int:
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=args.drain_timeout)
     print("lookahead: server stopped", file=sys.stderr)
     return 0
+
+
+def _check_serve(args) -> tuple[list[str], str]:
+    """What ``lookahead serve`` refuses before it loads the model; returns the API keys and the
+    pool scope (``--pool-scope``, or its default for that many keys)."""
+    if args.max_batch_size < 1 or args.max_queue < 1:
+        raise ValueError("--max-batch-size and --max-queue must be at least 1")
+    if not 1 <= args.port <= 65535:
+        raise ValueError(f"--port must be in 1-65535, got {args.port}")
+    keys = _api_keys(args)
+    pool_scope = args.pool_scope or ("key" if len(keys) > 1 else "shared")
+    if args.max_body_bytes < 1 or args.prefill_chunk < 1:
+        raise ValueError("--max-body-bytes and --prefill-chunk must be at least 1")
+    if not (math.isfinite(args.drain_timeout) and args.drain_timeout >= 0):
+        raise ValueError(f"--drain-timeout must be a number of seconds >= 0, got {args.drain_timeout}")
+    if args.plain and _wng(args) != (None,) * 3:
+        raise ValueError("--plain takes one-token steps: drop -W/-N/-G, or drop --plain")
+    return keys, pool_scope
+
+
+def _announce(args, cfg, defaults, n_keys: int, pool_per_key: bool) -> None:
+    """What the server runs, on stderr: the model and its steps, the sampling a request gets by
+    default (``defaults``: the app's ``SamplingDefaults``), the API keys and their pools."""
+    from .api import SamplingDefaults
+
+    mode = (
+        "plain one-token steps" if args.plain else f"lookahead {cfg.window_size}/{cfg.ngram_size}/{cfg.max_candidates}"
+    )
+    print(f"lookahead: serving {args.model} ({args.dtype}, {mode}) on http://{args.host}:{args.port}", file=sys.stderr)
+    origin = "the model's generation_config; OpenAI's where it sets none"
+    if defaults == SamplingDefaults():
+        origin = "OpenAI's"
+    print(f"lookahead: a request that leaves out a sampling field gets {defaults.describe()} "
+          f"({origin})", file=sys.stderr)  # fmt: skip
+    if n_keys:
+        pools = "a warm pool per key" if pool_per_key else "one warm pool"
+        print(f"lookahead: {n_keys} API key(s), {pools}", file=sys.stderr)
 
 
 if __name__ == "__main__":
