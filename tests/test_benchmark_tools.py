@@ -45,10 +45,12 @@ def tiny(tmp_path_factory) -> str:
     return str(path)
 
 
-def run_tool(script: str, *args, cwd: Path, python: Path | str = sys.executable, timeout: int = 300) -> str:
-    """Run benchmarks/``script`` with ``args`` in ``cwd``; assert it exits 0; return its stdout."""
+def run_tool(script: str, *args, cwd: Path, python: Path | str = sys.executable, timeout: int = 300, env=None) -> str:
+    """Run benchmarks/``script`` with ``args`` in ``cwd`` (with ``env`` added to the environment);
+    assert it exits 0; return its stdout."""
     command = [str(python), str(TOOLS / script), *map(str, args)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    env = {**os.environ, **(env or {})}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
     assert done.returncode == 0, f"{script} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
     return done.stdout
 
@@ -246,9 +248,10 @@ def test_serve_load_compares_three_servers(tiny, tmp_path):
 )
 def test_vllm_bench_runs_plain_and_lookahead(tmp_path):
     out = tmp_path / "vllm-bench"
+    kv_cache = {"VLLM_CPU_KVCACHE_SPACE": "1"}  # GiB: one short request at a time
     run_tool("vllm_bench.py", "--n", 1, "--max-tokens", 8, "--clients", 1, "--datasets", "humaneval",
              "--setups", "plain", "lookahead", "--dtype", "float32", "--max-model-len", 1024, "--enforce-eager",
-             "--out", out, python=VLLM_PYTHON, cwd=tmp_path, timeout=600)  # fmt: skip
+             "--out", out, python=VLLM_PYTHON, cwd=tmp_path, timeout=600, env=kv_cache)  # fmt: skip
     report = json.loads(out.with_suffix(".json").read_text())
     assert [r["setup"] for r in report["results"]] == ["plain", "lookahead"]
     for row in report["results"]:
