@@ -32,8 +32,9 @@ from .drafting import TreeDrafter
 from .emission import Emitter
 from .engine import Engine
 from .output import assemble
+from .sequences import SeqState
 from .step import SYNCED_GPUS_REFUSED, prompt_rows, validate_call
-from .support import check_model
+from .support import ModelTraits, check_model
 
 logger = logging.getLogger(__name__)
 
@@ -164,40 +165,62 @@ class Lookahead:
         source_ids: torch.LongTensor | None = None,  # [B, S_enc]: pooled too, for encoder-decoder models
         **model_kwargs,
     ):
+        # 1. check the call, and narrow W/N/G to what the model takes
         spec = check_model(model)
         validate_call(input_ids, generation_config, synced_gpus, model_kwargs, streamer, logits_processor, model)
         cfg = settle(self.config_for(model.device), spec, self._overrides)
         batch = input_ids.shape[0]
-        if source_ids is not None and source_ids.shape[0] != batch:
-            # generate expanded every input for num_return_sequences, the source ids it did not see
-            if batch % source_ids.shape[0]:
-                raise ValueError(f"source_ids has {source_ids.shape[0]} rows for a batch of {batch}")
-            source_ids = source_ids.repeat_interleave(batch // source_ids.shape[0], dim=0)
+        source_ids = _source_rows(source_ids, batch)
         stats = LookaheadStats(config=cfg, accepted_hist=[0] * cfg.max_emitted, batch_size=batch)
         self.last_stats = stats
-        want = generation_config.return_dict_in_generate
-        has_eos = any(hasattr(criterion, "eos_token_id") for criterion in stopping_criteria)
-        emitter = Emitter(
-            streamer,
-            want_scores=want and generation_config.output_scores,
-            want_logits=want and generation_config.output_logits,
-            stop_ends_seq=has_eos or batch == 1,
-        )
+        emitter = _emitter_for(streamer, stopping_criteria, generation_config, batch)
         prompts = prompt_rows(input_ids, model_kwargs.get("attention_mask"), spec)
         target = caller_cache(model_kwargs, batch, spec)  # filled at the end, as plain generate fills it
-        if batch == 1 and len(prompts[0]) < input_ids.shape[1]:
-            # Phi-3's generate recomputes its cache where the text *with its padding* reaches refill_at:
-            # with left padding, before the positions reach the threshold (a recompute under the same
-            # short factors, which changes nothing) or never; the long factors key the new tokens only
-            spec = dataclasses.replace(spec, refill_at=None)
-        if batch > 1 and spec.rope_threshold is not None and generation_config.max_length > spec.rope_threshold:
-            raise ValueError(
-                f"this model's rotary embedding changes once a forward pass reaches position {spec.rope_threshold} "
-                "(longrope or dynamic RoPE), and under lookahead decoding the sequences of a batch reach it at "
-                "different steps, so the output would differ from plain generate: generate these sequences one "
-                f"at a time, or keep max_length at most {spec.rope_threshold}"
-            )
+        spec = _traits_for_batch(spec, prompts, input_ids, generation_config)
         stats.prompt_tokens = sum(len(p) for p in prompts)
+
+        # 2. the sequences, the width chooser and the drafter, and the engine that steps them
+        seqs = self._sequences(
+            cfg, input_ids, prompts, source_ids, logits_processor, stopping_criteria, generation_config
+        )
+        chooser = make_chooser(model, cfg, spec, batch, self.cost_curve)
+        drafter = self._carried_drafter(model, cfg, spec, batch, chooser.curve)
+        want = generation_config.return_dict_in_generate
+        engine = Engine(
+            model,
+            cfg,
+            spec,
+            chooser,
+            emitter,
+            stats,
+            model_kwargs,
+            keep_cache=(want or target is not None) and batch == 1,
+            drafter=drafter,
+            whole_batch=True,
+        )
+
+        # 3. the prefill gives each sequence its first token, then one engine step per forward pass
+        engine.admit(seqs, prompts)
+        start = time.perf_counter()
+        while engine.active:
+            engine.step()
+
+        # 4. what generate returns, and the call's statistics
+        return self._finish(engine, seqs, input_ids, generation_config, start, target, streamer)
+
+    def _sequences(
+        self,
+        cfg: LookaheadConfig,
+        input_ids: torch.LongTensor,  # [B, S]
+        prompts: list[list[int]],
+        source_ids: torch.LongTensor | None,  # [B, S_enc]
+        logits_processor,
+        stopping_criteria,
+        generation_config,
+    ) -> list[SeqState]:
+        """One sequence per row of the batch, with the call's logits processors and stopping
+        criteria and, when it samples, a seed of its own."""
+        batch = input_ids.shape[0]
         seqs = [
             new_sequence(cfg, b, input_ids[b : b + 1], prompt, generation_config.max_length, source_ids=source_ids)
             for b, prompt in enumerate(prompts)
@@ -212,46 +235,39 @@ class Lookahead:
             # drafter learnt on earlier calls (verify.position_noise)
             for seq, seed in zip(seqs, torch.randint(0, 2**63 - 1, (batch,)).tolist(), strict=True):
                 seq.seed = seed
-        chooser = make_chooser(model, cfg, spec, batch, self.cost_curve)
-        drafter = make_drafter(cfg, spec, batch, chooser.curve)
+        return seqs
+
+    def _carried_drafter(
+        self, model, cfg: LookaheadConfig, spec: ModelTraits, batch: int, curve: CostCurve | None
+    ) -> TreeDrafter | None:
+        """The count drafter for this call (None where none applies), starting from what the last
+        call's drafter learnt when that call ran the same model and settings."""
+        drafter = make_drafter(cfg, spec, batch, curve)
         if drafter is not None:
-            key = (curve_key(model), cfg, chooser.curve)
+            key = (curve_key(model), cfg, curve)
             if key in self._drafters:
                 drafter.carry_from(self._drafters[key])
             self._drafters = {key: drafter}  # one kept: the model and settings of the latest call
-        engine = Engine(
-            model,
-            cfg,
-            spec,
-            chooser,
-            emitter,
-            stats,
-            model_kwargs,
-            keep_cache=(want or target is not None) and batch == 1,
-            drafter=drafter,
-            whole_batch=True,
-        )
+        return drafter
 
-        # the prefill gives each sequence its first token, then one engine step per forward pass
-        engine.admit(seqs, prompts)
-        start = time.perf_counter()
-        while engine.active:
-            engine.step()
-
+    def _finish(self, engine: Engine, seqs: list[SeqState], input_ids, generation_config, start, target, streamer):
+        """The output ids [B, T] (or generate's output object), once the call's statistics are
+        recorded, the stream ended and the caller's cache filled."""
+        emitter, stats, batch = engine.emitter, engine.stats, input_ids.shape[0]
         sequences = assemble(seqs, input_ids.shape[1], emitter.stop_ends_seq, generation_config._pad_token_tensor)
         # sequences padded after their stop did not generate the padding; those that ran on are cut to T
         stats.new_tokens = sum(min(seq.length, sequences.shape[1]) - input_ids.shape[1] for seq in seqs)
-        planner = drafter or engine.chooser
+        planner = engine.drafter or engine.chooser
         stats.wide_steps = planner.wide_steps
         stats.settings = planner.summary()
         stats.decode_seconds = time.perf_counter() - start
         self.last_candidates = [seq.trace for seq in seqs] if self.record_candidates else None
         if streamer is not None:
             streamer.end()
-        logger.debug("lookahead %s: %s", cfg, stats.as_dict())
+        logger.debug("lookahead %s: %s", engine.cfg, stats.as_dict())
         if target is not None:
             fill_cache(target, engine.runner.cache)
-        if not want:
+        if not generation_config.return_dict_in_generate:
             return sequences
         # a batch's cache holds holes (see lookahead.runner) and finished sequences were dropped from it
         cache = target if target is not None else engine.runner.hand_back() if batch == 1 else None
@@ -261,7 +277,52 @@ class Lookahead:
             logits=emitter.logits if generation_config.output_logits else None,
             cache=cache,
         )
-        return GenerateEncoderDecoderOutput(**outputs) if spec.encoder_decoder else GenerateDecoderOnlyOutput(**outputs)
+        if engine.spec.encoder_decoder:
+            return GenerateEncoderDecoderOutput(**outputs)
+        return GenerateDecoderOnlyOutput(**outputs)
+
+
+def _source_rows(source_ids: torch.LongTensor | None, batch: int) -> torch.LongTensor | None:
+    """An encoder's input ids [B, S_enc], one row per sequence: generate expanded every input for
+    ``num_return_sequences``, but not the source ids it did not see."""
+    if source_ids is None or source_ids.shape[0] == batch:
+        return source_ids
+    if batch % source_ids.shape[0]:
+        raise ValueError(f"source_ids has {source_ids.shape[0]} rows for a batch of {batch}")
+    return source_ids.repeat_interleave(batch // source_ids.shape[0], dim=0)
+
+
+def _emitter_for(streamer, stopping_criteria, generation_config, batch: int) -> Emitter:
+    """What appends the call's tokens: streaming them, keeping scores and logits when generate
+    returns them, and ending a sequence at its stop unless, as transformers does without an EOS
+    criterion, a batch decodes on until every sequence has stopped."""
+    want = generation_config.return_dict_in_generate
+    has_eos = any(hasattr(criterion, "eos_token_id") for criterion in stopping_criteria)
+    return Emitter(
+        streamer,
+        want_scores=want and generation_config.output_scores,
+        want_logits=want and generation_config.output_logits,
+        stop_ends_seq=has_eos or batch == 1,
+    )
+
+
+def _traits_for_batch(spec: ModelTraits, prompts: list[list[int]], input_ids, generation_config) -> ModelTraits:
+    """The model's traits as this call's batch meets them: a lone padded prompt never meets
+    Phi-3's cache recompute; a batch whose RoPE would change mid-generation is refused."""
+    batch = input_ids.shape[0]
+    if batch == 1 and len(prompts[0]) < input_ids.shape[1]:
+        # Phi-3's generate recomputes its cache where the text *with its padding* reaches refill_at:
+        # with left padding, before the positions reach the threshold (a recompute under the same
+        # short factors, which changes nothing) or never; the long factors key the new tokens only
+        spec = dataclasses.replace(spec, refill_at=None)
+    if batch > 1 and spec.rope_threshold is not None and generation_config.max_length > spec.rope_threshold:
+        raise ValueError(
+            f"this model's rotary embedding changes once a forward pass reaches position {spec.rope_threshold} "
+            "(longrope or dynamic RoPE), and under lookahead decoding the sequences of a batch reach it at "
+            "different steps, so the output would differ from plain generate: generate these sequences one "
+            f"at a time, or keep max_length at most {spec.rope_threshold}"
+        )
+    return spec
 
 
 __all__ = ["Lookahead"]

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 from .choices import StepChoices, fetch_matched
 from .config import LookaheadConfig, LookaheadStats
-from .drafting import TreeDrafter
+from .drafting import Draft, TreeDrafter
 from .emission import Emitter, align
 from .layout import StepLayout, build_layout
 from .planning import (
@@ -179,8 +179,7 @@ class Engine:
 
     def step(self) -> None:
         """One forward pass over every active sequence (see the module docstring)."""
-        active, cfg, chooser = self._drop_finished(self.active), self.cfg, self.chooser
-        self.active = active
+        active = self.active = self._drop_finished(self.active)
         if not active or self._refill(active):
             return
         # 1. plan: a count-based token tree for a lone sequence (lookahead.drafting), else as
@@ -188,25 +187,9 @@ class Engine:
         limits = [self._limit(seq) for seq in active]
         draft = choice = matches = None
         if self.drafter is not None and len(active) == 1:
-            (seq,) = active
-            if self._drafted is None or self._drafted[0] is not seq or self._drafted[1] != len(seq.committed):
-                self.drafter.forget_pending()
-            cap, sources = draft_sources(seq, cfg, self.spec, limits[0], self.drafter.reach)
-            # the window (the sequence's own width: a request may ask for fewer columns than W):
-            # on drafted steps and a few others, its rows priced into the draft
-            n_levels, width = window_levels([seq], cfg, self.spec), seq.window.window_size
-            rider = build_layout(1, width, n_levels).length - 1
-            draft = self.drafter.draft(sources, cap, seq.max_candidates, rider)
-            seq.candidates = draft.candidates
-            layout, step_ids = plan_tree(seq, cfg, n_levels if draft.window else 0, width)
-            if seq.trace is not None:
-                seq.trace[seq.new_tokens] = [c for _, c in sources]
+            layout, step_ids, draft = self._plan_draft(active[0], limits[0])
         else:
-            choice, matches, found = self._choose(active, limits)
-            layout, step_ids = plan_step(active, cfg, choice, self.spec, limits, found)
-            for b, seq in enumerate(active):
-                if seq.trace is not None:
-                    seq.trace[seq.new_tokens] = list(found[b] if found is not None else seq.candidates)
+            layout, step_ids, choice, matches = self._plan_width(active, limits)
 
         # 2. one forward pass, and the model's greedy choices at the kept slots: on an accelerator
         # all of them, read at once (the step's one host-device synchronisation); on a CPU only
@@ -215,53 +198,55 @@ class Engine:
         choices = StepChoices(logits, lazy=self.lazy_choices)
         fetch_matched(choices, layout, [seq.candidates for seq in active])
 
-        # 3. verify each sequence
-        scorers = [
-            Scorer(
-                logits,
-                layout,
-                seq.processors,
-                lambda seq=seq, length=seq.length: seq.ids[:, :length],  # the prefix before this step
-                seq.candidates,
-                (seq.index, seq.batch_size),
-                choices.sequence(b),
-                sequence=b,
-            )
-            for b, seq in enumerate(active)
-        ]
+        # 3. verify each sequence; the drafter and the chooser learn how far the candidates matched
+        scorers = self._scorers(active, logits, layout, choices)
         verdicts = [self._verify(seq, scorer, layout) for seq, scorer in zip(active, scorers, strict=True)]
         if draft is not None:
             self.drafter.record(draft, verdicts[0].emitted)
             self._drafted = (active[0], len(active[0].committed) + len(verdicts[0].emitted))
-        for seq, scorer, match in zip(active, scorers, matches, strict=True) if choice and chooser.enabled else ():
-            lengths = match_lengths(seq.candidates, scorer.raw_choice(layout.t_slot), scorer.raw_candidate_choice)
-            chooser.record(choice, max((len(c) for c in seq.candidates), default=0), lengths, match)
+        if choice and self.chooser.enabled:
+            self._observe(active, scorers, layout, choice, matches)
         if self.runner.aligned:
             verdicts = align(verdicts, active)
 
         # 4. emit token by token through each sequence's stopping criteria
-        kept = []
-        for seq, verdict, scorer in zip(active, verdicts, scorers, strict=True):
-            slots = [layout.t_slot, *(layout.candidate_slots[k][j] for k, j in verdict.path)]
-            kept.append(self.emitter.emit(seq, verdict.emitted, slots, scorer))
+        kept = self._emit(active, verdicts, scorers, layout)
         if choice is not None:
-            chooser.after_step(choice)
+            self.chooser.after_step(choice)
 
         # 5. commit: cache, windows, pools, statistics; drop the sequences that have finished
-        self.runner.commit(layout, [(v.candidate, k) for v, k in zip(verdicts, kept, strict=True)])
-        stats = self.stats
-        last_level = [layout.logit_index[s] for s in layout.last_level_slots]  # their kept slots
-        for b, (seq, ids, verdict, count) in enumerate(zip(active, step_ids, verdicts, kept, strict=True)):
-            if layout.level_slots and seq.window.n_levels:
-                outputs = choices.at(b, last_level[: seq.window.window_size])
-                seq.pool.add_all(seq.window.update(ids[0], outputs))
-            self._pool_output(seq, count)
-            seq.steps += 1
-            stats.accepted_hist[len(verdict.emitted) - 1] += 1
-            stats.truncated_tokens += len(verdict.emitted) - count
-        stats.steps += 1
-        stats.sequence_steps += len(active)
+        self._commit(active, layout, step_ids, verdicts, kept, choices)
         self.active = self._drop_finished(active)
+
+    def _plan_draft(self, seq: SeqState, limit: int) -> tuple[StepLayout, list[list[int]], Draft]:
+        """A lone sequence's step: a token tree drafted from counts (``lookahead.drafting``), the
+        window's rows priced into the draft."""
+        cfg = self.cfg
+        if self._drafted is None or self._drafted[0] is not seq or self._drafted[1] != len(seq.committed):
+            self.drafter.forget_pending()
+        cap, sources = draft_sources(seq, cfg, self.spec, limit, self.drafter.reach)
+        # the window (the sequence's own width: a request may ask for fewer columns than W):
+        # on drafted steps and a few others, its rows priced into the draft
+        n_levels, width = window_levels([seq], cfg, self.spec), seq.window.window_size
+        rider = build_layout(1, width, n_levels).length - 1
+        draft = self.drafter.draft(sources, cap, seq.max_candidates, rider)
+        seq.candidates = draft.candidates
+        layout, step_ids = plan_tree(seq, cfg, n_levels if draft.window else 0, width)
+        if seq.trace is not None:
+            seq.trace[seq.new_tokens] = [c for _, c in sources]
+        return layout, step_ids, draft
+
+    def _plan_width(
+        self, active: list[SeqState], limits: list[int]
+    ) -> tuple[StepLayout, list[list[int]], tuple[int, int], list]:
+        """A step as wide as pays (``lookahead.tuning``), with every sequence's candidates; the
+        setting chosen and each sequence's suffix match length come back for the chooser."""
+        choice, matches, found = self._choose(active, limits)
+        layout, step_ids = plan_step(active, self.cfg, choice, self.spec, limits, found)
+        for b, seq in enumerate(active):
+            if seq.trace is not None:
+                seq.trace[seq.new_tokens] = list(found[b] if found is not None else seq.candidates)
+        return layout, step_ids, choice, matches
 
     def _choose(self, active: list[SeqState], limits: list[int]) -> tuple[tuple[int, int], list, list | None]:
         """The chooser's setting for this step, each sequence's suffix match length, and the
@@ -295,6 +280,23 @@ class Engine:
         most = max(left) or 1
         return [(n / most) ** self.laggard_power for n in left]
 
+    def _scorers(self, active: list[SeqState], logits, layout: StepLayout, choices: StepChoices) -> list[Scorer]:
+        """Each sequence's scorer over this step's logits [B, K, V]; its logits processors see the
+        sequence's text before this step."""
+        return [
+            Scorer(
+                logits,
+                layout,
+                seq.processors,
+                lambda seq=seq, length=seq.length: seq.ids[:, :length],  # the prefix before this step
+                seq.candidates,
+                (seq.index, seq.batch_size),
+                choices.sequence(b),
+                sequence=b,
+            )
+            for b, seq in enumerate(active)
+        ]
+
     def _verify(self, seq: SeqState, scorer: Scorer, layout: StepLayout) -> Verdict:
         if seq.seed is not None:  # a draw per position, from noise keyed by (seed, position)
             base = len(seq.committed)
@@ -308,6 +310,51 @@ class Engine:
             first = draw(layout.t_slot, base)
             return verify_choices(first, seq.candidates, lambda k, j: draw(layout.candidate_slots[k][j], base + j + 1))
         return verify_choices(scorer.choice(layout.t_slot), seq.candidates, scorer.candidate_choice)
+
+    def _observe(
+        self, active: list[SeqState], scorers: list[Scorer], layout: StepLayout, choice: tuple[int, int], matches: list
+    ) -> None:
+        """Tell the chooser how far each sequence's candidates matched the model's choices, accepted
+        or not: one wide step informs every narrower setting (``lookahead.tuning``)."""
+        for seq, scorer, match in zip(active, scorers, matches, strict=True):
+            lengths = match_lengths(seq.candidates, scorer.raw_choice(layout.t_slot), scorer.raw_candidate_choice)
+            self.chooser.record(choice, max((len(c) for c in seq.candidates), default=0), lengths, match)
+
+    def _emit(
+        self, active: list[SeqState], verdicts: list[Verdict], scorers: list[Scorer], layout: StepLayout
+    ) -> list[int]:
+        """Emit each sequence's verified tokens one by one through its stopping criteria -> how
+        many of them each sequence kept."""
+        kept = []
+        for seq, verdict, scorer in zip(active, verdicts, scorers, strict=True):
+            slots = [layout.t_slot, *(layout.candidate_slots[k][j] for k, j in verdict.path)]
+            kept.append(self.emitter.emit(seq, verdict.emitted, slots, scorer))
+        return kept
+
+    def _commit(
+        self,
+        active: list[SeqState],
+        layout: StepLayout,
+        step_ids: list[list[int]],
+        verdicts: list[Verdict],
+        kept: list[int],
+        choices: StepChoices,
+    ) -> None:
+        """Keep exactly the kept tokens in the cache, shift each window by its last level's
+        outputs, pool the new n-grams, and count the step."""
+        self.runner.commit(layout, [(v.candidate, k) for v, k in zip(verdicts, kept, strict=True)])
+        stats = self.stats
+        last_level = [layout.logit_index[s] for s in layout.last_level_slots]  # their kept slots
+        for b, (seq, ids, verdict, count) in enumerate(zip(active, step_ids, verdicts, kept, strict=True)):
+            if layout.level_slots and seq.window.n_levels:
+                outputs = choices.at(b, last_level[: seq.window.window_size])
+                seq.pool.add_all(seq.window.update(ids[0], outputs))
+            self._pool_output(seq, count)
+            seq.steps += 1
+            stats.accepted_hist[len(verdict.emitted) - 1] += 1
+            stats.truncated_tokens += len(verdict.emitted) - count
+        stats.steps += 1
+        stats.sequence_steps += len(active)
 
     # -- bookkeeping -----------------------------------------------------------------------------
 
