@@ -25,6 +25,7 @@ from transformers import StoppingCriteriaList, StopStringCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerateEncoderDecoderOutput
 
 from .assembly import make_chooser, make_drafter, new_sequence, settle
+from .beams import beam_call
 from .caches import caller_cache, fill_cache
 from .config import LookaheadConfig, LookaheadStats
 from .costs import CostCurve, curve_key
@@ -94,6 +95,7 @@ class Lookahead:
         # per architecture, device, dtype and thread count, then read from disk (lookahead.tuning)
         self.cost_curve = CostCurve.from_points(cost_curve) if cost_curve is not None else None
         self.last_stats: LookaheadStats | None = None
+        self.last_beam_stats = None  # a beam search's (lookahead.beams.BeamStats); last_stats is then None
         # record_candidates: after each call, last_candidates[b] maps each step's output position
         # (tokens sequence b had emitted when it started) to the candidates it had at hand then
         self.record_candidates = record_candidates
@@ -169,6 +171,12 @@ class Lookahead:
         spec = check_model(model)
         validate_call(input_ids, generation_config, synced_gpus, model_kwargs, streamer, logits_processor, model)
         cfg = settle(self.config_for(model.device), spec, self._overrides)
+        if (generation_config.num_beams or 1) > 1:  # beam search, replayed over drafted beams
+            call = {"input_ids": input_ids, "logits_processor": logits_processor, "streamer": streamer,
+                    "stopping_criteria": stopping_criteria, "generation_config": generation_config}  # fmt: skip
+            output, self.last_beam_stats = beam_call(model, spec, cfg, call, model_kwargs, source_ids)
+            self.last_stats = None
+            return output
         batch = input_ids.shape[0]
         source_ids = _source_rows(source_ids, batch)
         stats = LookaheadStats(config=cfg, accepted_hist=[0] * cfg.max_emitted, batch_size=batch)
