@@ -338,3 +338,18 @@ def test_encoder_decoder_checkpoints_count_their_decoder_tokens(tmp_path, capsys
     argv = ["bench", str(prompts), "--model", str(checkpoint), "--out", str(tmp_path / "out"), "--dtype", "float32"]
     assert main(argv) == 1
     assert "decoder-only models" in capsys.readouterr().err
+
+
+def test_bench_num_beams_measures_against_plain_beam_search():
+    """methods_for(num_beams=k): plain beam search is the baseline, and Lookahead()'s beam search
+    is measured against it, identical, with its depths per pass as tokens/step."""
+    model, tokenizer = tiny_model("llama"), char_tokenizer()
+    prompts = [datasets.Prompt("p0", "abcabcabcabc", False)]
+    methods = bench.methods_for(num_beams=3)
+    assert [m.name for m in methods] == ["beam(3)", "lookahead beam(3)"]
+    runs = bench.run_bench(model, tokenizer, prompts, methods, 8, progress=False)
+    assert all(run.identical for run in runs)
+    rows = bench.summarize(runs)
+    assert rows[0]["speedup"] == 1.0 and rows[0]["tokens_per_step"] == 1.0
+    assert rows[1]["tokens_per_step"] >= 1.0
+    assert "speedup vs beam(3)" in bench.markdown(rows, "t")

@@ -75,12 +75,21 @@ class Run:
 
 
 def methods_for(
-    window_size=None, ngram_size=None, max_candidates=None, prompt_lookup_tokens=3, adaptive=False, device="cpu"
+    window_size=None,
+    ngram_size=None,
+    max_candidates=None,
+    prompt_lookup_tokens=3,
+    adaptive=False,
+    device="cpu",
+    num_beams=1,
 ) -> list[Method]:
     """greedy, prompt lookup and ``Lookahead()``; and, if any of W/N/G is given, ``Lookahead(W, N,
     G)`` too: as given, or with ``adaptive`` chosen step by step with them as upper bounds (so
     ``window_size=0, adaptive=True`` is ``Lookahead()`` without the Jacobi window). ``device``
-    names it: the W/N/G left unset are that device's defaults."""
+    names it: the W/N/G left unset are that device's defaults. ``num_beams`` > 1: plain beam
+    search and ``Lookahead()``'s, the first the baseline (prompt lookup does not do beams)."""
+    if num_beams > 1:
+        return _beam_methods(num_beams)
     auto = Lookahead(record_candidates=True)
     chosen = [
         Method("greedy", dict),
@@ -99,6 +108,14 @@ def methods_for(
         name = f"lookahead({'auto, ' if adaptive else ''}{cfg.window_size},{cfg.ngram_size},{cfg.max_candidates})"
         chosen.append(Method(name, lambda: {"custom_generate": fixed}, fixed))
     return chosen
+
+
+def _beam_methods(num_beams: int) -> list[Method]:
+    auto = Lookahead()
+    return [
+        Method(f"beam({num_beams})", lambda: {"num_beams": num_beams}),
+        Method(f"lookahead beam({num_beams})", lambda: {"num_beams": num_beams, "custom_generate": auto}, auto),
+    ]
 
 
 class PeakMemory:
@@ -175,7 +192,8 @@ def run_bench(
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     methods = [m for m in methods if batch_size == 1 or m.batches]
     groups = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
-    curve = model_cost_curve(model) if batch_size == 1 else None  # the bound is for one sequence
+    # the clairvoyant bound is for one sequence decoded greedily
+    curve = model_cost_curve(model) if batch_size == 1 and methods[0].name == "greedy" else None
     warmup = datasets.encode_batch(tokenizer, groups[0])
     for method in methods:  # first calls pay one-time costs (allocations, the model probe)
         model.generate(**{k: v.to(model.device) for k, v in warmup.items()}, max_new_tokens=4, **method.kwargs())
@@ -260,6 +278,7 @@ class _BatchTimer:
         candidates are the latest call's)."""
         start_len = inputs["input_ids"].shape[1]
         stats = method.lookahead.last_stats if method.lookahead else None
+        beams = method.lookahead.last_beam_stats if method.lookahead and stats is None else None
         new_tokens = generated_tokens(out, start_len, self.eos_ids)
         bounds = {}
         if self.curve is not None and method.name != "greedy":
@@ -274,6 +293,7 @@ class _BatchTimer:
             identical=out.shape == reference.shape and bool((out == reference).all()),
             peak_mb=peak,
             **(_step_fields(stats) if stats else {}),
+            **({"tokens_per_step": beams.depths / (1 + beams.steps)} if beams else {}),
             **bounds,
             repeat_seconds=[seconds],
         )
@@ -351,8 +371,10 @@ def _shares(bounded: list[Run], greedy: dict[str, Run]) -> dict:
 
 
 def greedy_by_prompt(runs: list[Run]) -> dict[str, Run]:
-    """Plain greedy's run of each prompt (or batch), what every other method is measured against."""
-    return {r.prompt: r for r in runs if r.method == "greedy"}
+    """The baseline's run of each prompt (or batch), what every other method is measured against:
+    plain greedy, or plain beam search in a beam run (the first method run)."""
+    baseline = runs[0].method if runs else "greedy"
+    return {r.prompt: r for r in runs if r.method == baseline}
 
 
 def speedup(run: Run, greedy: Run) -> float:
@@ -387,7 +409,7 @@ def summarize(runs: list[Run]) -> list[dict]:
                 # known for lookahead (its stats) and greedy (1); prompt lookup does not report it
                 "tokens_per_step": sum(r.new_tokens for r in mine) / sum(steps)
                 if steps
-                else (1.0 if name == "greedy" else None),
+                else (1.0 if name == mine[0].method == runs[0].method else None),
                 "accepted_hist": hist,
                 "identical": sum(r.identical for r in mine) / len(mine),
                 "peak_mb": max(r.peak_mb for r in mine),
@@ -424,7 +446,7 @@ def kind_rows(runs: list[Run]) -> list[dict]:
     ``below_one``: the whole interval lies under 1.0x, a kind slower than greedy beyond noise."""
     greedy = greedy_by_prompt(runs)
     out = []
-    for name in dict.fromkeys(r.method for r in runs if r.method != "greedy"):
+    for name in dict.fromkeys(r.method for r in runs if r.method != runs[0].method):
         mine = [r for r in runs if r.method == name]
         for kind in dict.fromkeys(r.kind for r in mine):
             ratios = {r.prompt: speedup(r, greedy[r.prompt]) for r in mine if r.kind == kind}
@@ -477,11 +499,12 @@ def kind_markdown(kinds: list[dict]) -> str:
 
 
 def markdown(rows: list[dict], title: str) -> str:
+    base = rows[0]["method"] if rows else "greedy"  # the baseline: greedy, or plain beam search
     lines = [
         f"### {title}",
         "",
-        "| method | tokens/s (median) | speedup vs greedy (median) | (geometric mean) | tokens/step "
-        "| accepted-length histogram | identical to greedy | peak memory (MB) |",
+        f"| method | tokens/s (median) | speedup vs {base} (median) | (geometric mean) | tokens/step "
+        f"| accepted-length histogram | identical to {base} | peak memory (MB) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -580,12 +603,12 @@ def plot(runs: list[Run], rows: list[dict], path: Path, title: str) -> None:
     greedy = greedy_by_prompt(runs)
     prompts = list(greedy)
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
-    for name in dict.fromkeys(r.method for r in runs if r.method != "greedy"):
+    for name in dict.fromkeys(r.method for r in runs if r.method != runs[0].method):
         by_prompt = {r.prompt: r for r in runs if r.method == name}
         ratios = [speedup(by_prompt[p], greedy[p]) for p in prompts]
         left.plot(range(len(prompts)), ratios, marker="o", label=name)
     left.axhline(1.0, color="grey", lw=1, ls="--")
-    left.set(title=f"{title}: speedup over greedy per prompt", xlabel="prompt", ylabel="speedup (x)")
+    left.set(title=f"{title}: speedup over {runs[0].method} per prompt", xlabel="prompt", ylabel="speedup (x)")
     left.legend()
     hists = [r for r in rows if r["accepted_hist"]]
     width = 0.8 / max(1, len(hists))

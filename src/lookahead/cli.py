@@ -106,6 +106,12 @@ def _add_bench(sub) -> None:
         "report those that ran (for a machine held for a fixed time)",
     )
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    bench.add_argument(
+        "--num-beams",
+        type=int,
+        default=1,
+        help="k > 1: plain beam search against Lookahead()'s beam search, k beams each (default: 1, greedy)",
+    )
 
 
 def _add_serve(sub) -> None:
@@ -375,6 +381,8 @@ def _check_bench(args) -> tuple[str, dict[str, list], Path]:
         raise ValueError(f"--time-budget must be a positive number of seconds, got {args.time_budget}")
     if args.adaptive and _wng(args) == (None,) * 3:
         raise ValueError("--adaptive applies to the -W/-N/-G run: give at least one of them")
+    if args.num_beams < 1:
+        raise ValueError(f"--num-beams must be at least 1, got {args.num_beams}")
     bench.methods_for(*_wng(args), adaptive=args.adaptive)  # validates W/N/G before the load
     device = _device(args.device)
     missing = [name for name in ("tqdm", "psutil", "matplotlib") if importlib.util.find_spec(name) is None]
@@ -402,7 +410,7 @@ def _bench_report(args, model, tokenizer, name: str, prompts: list, batch: int, 
 
     # fresh callables per dataset and batch size: Lookahead() carries its drafting statistics
     # from call to call, so each workload starts from the priors rather than another's
-    methods = bench.methods_for(*_wng(args), adaptive=args.adaptive, device=model.device)
+    methods = bench.methods_for(*_wng(args), adaptive=args.adaptive, device=model.device, num_beams=args.num_beams)
     runs = bench.run_bench(
         model,
         tokenizer,
@@ -439,6 +447,7 @@ def _bench_meta(args, model, name: str, batch: int, ran: int) -> dict:
         max_new_tokens=args.max_new_tokens,
         batch_size=batch,
         repeats=args.repeats,
+        num_beams=args.num_beams,
     )
     if batch == 1:  # what the tuner priced its steps with and the bound was priced with
         meta["cost_curve"] = [list(point) for point in model_cost_curve(model).points]
