@@ -74,10 +74,6 @@ class BeamStats:
     drafted_steps: int = 0
     depth_hist: dict[int, int] = field(default_factory=dict)
 
-    @property
-    def depths_per_step(self) -> float:
-        return self.depths / max(1, self.steps)
-
 
 class DraftPricing:
     """Whether the next step drafts: when the depths a drafted step has gained on average (one
