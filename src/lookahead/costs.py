@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from ._files import locked
+from .quantization import scheme
 from .runner import leave_cudnn_out
 
 logger = logging.getLogger(__name__)
@@ -145,7 +146,9 @@ CALIBRATION = "calibration-3"
 
 def curve_key(model) -> str:
     """What decides the cost of a forward pass: architecture, device, dtype, threads, and how it was
-    timed (``CALIBRATION``); on CUDA also
+    timed (``CALIBRATION``); for quantized weights their scheme (``lookahead.quantization.scheme``:
+    their kernels have another cost curve, and weights quantized after loading leave the config as
+    it was); on CUDA also
     whether wide steps leave cuDNN attention out (``runner.leave_cudnn_out``: a curve stored when
     they did not was timed on another kernel)."""
     config = model.config.to_dict()
@@ -154,6 +157,9 @@ def curve_key(model) -> str:
     dtype = next(model.parameters()).dtype
     model_type = getattr(model.config, "model_type", type(model).__name__)
     key = f"{model_type}-{digest}|{model.device}|{dtype}|{torch.get_num_threads()}|{CALIBRATION}"
+    quantized = scheme(model)
+    if quantized is not None:
+        key += f"|weights {quantized}"
     if model.device.type == "cuda":
         key += "|no-cudnn-masked" if leave_cudnn_out() else "|sdpa-as-set"
     return key

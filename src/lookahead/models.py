@@ -136,14 +136,41 @@ def parse_dtype(name: str) -> torch.dtype:
         raise ValueError(f"unknown dtype {name!r}: use one of {', '.join(DTYPES)}") from None
 
 
-def load(name_or_path: str = DEFAULT_MODEL, dtype: str | torch.dtype = "float32", device: str = "cpu"):
-    """Load (model, tokenizer) for a bundled name or a local checkpoint path."""
+def load(
+    name_or_path: str = DEFAULT_MODEL,
+    dtype: str | torch.dtype = "float32",
+    device: str = "cpu",
+    quantization: str | None = None,
+):
+    """Load (model, tokenizer) for a bundled name or a local checkpoint path. ``quantization``, a
+    scheme of ``lookahead.quantization.SCHEMES`` ("int8", "int4", ...), quantizes the weights as
+    they load; ``dtype`` is then what the rest of the model, and the activations, compute in."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
     path = resolve(name_or_path)
     dtype = parse_dtype(dtype) if isinstance(dtype, str) else dtype
     config = AutoConfig.from_pretrained(path)
     auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
-    model = auto.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").to(device).eval()
+    if quantization is None:
+        model = auto.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").to(device)
+    else:
+        model = _load_quantized(auto, path, dtype, device, quantization)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    return model, tokenizer
+    return model.eval(), tokenizer
+
+
+def _load_quantized(auto, path: Path, dtype: torch.dtype, device: str, quantization: str):
+    """The checkpoint with its weights quantized by the scheme ``quantization`` as they load, placed
+    on ``device`` by the loader (some quantized weights cannot be moved afterwards)."""
+    from .quantization import SCHEMES, quantization_config
+
+    settings = quantization_config(quantization, dtype, device)
+    try:
+        return auto.from_pretrained(
+            path, dtype=dtype, attn_implementation="sdpa", quantization_config=settings, device_map=device
+        )
+    except (RuntimeError, ImportError, NotImplementedError) as err:  # a kernel this machine lacks
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ValueError(
+            f"quantization {quantization!r} ({SCHEMES[quantization]}) cannot load {path} on {device}: {reason}"
+        ) from err

@@ -5,7 +5,9 @@ follows a custom 4D mask with explicit ``position_ids``. Most transformers decod
 offer both through their public ``attention_mask`` and ``position_ids`` arguments. Rather than
 trusting a list of names, :func:`check_model` probes the model once (a few tokens, no cache of
 the user's touched): the mask must be honoured, and the positions must matter (a model that
-silently drops ``position_ids`` would otherwise give wrong output).
+silently drops ``position_ids`` would otherwise give wrong output). Quantized layers are probed
+first (``lookahead.quantization.mixing_problem``): one in which the tokens of a forward pass meet
+outside attention is refused, naming its scheme.
 
 Models that take no positions (BLOOM and other ALiBi models, which derive them from a 2D padding
 mask) still run *linear* steps exactly: t and one candidate chain, causal, is plain decoding of
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from .quantization import mixing_problem
 from .slab import uniform_shape
 
 logger = logging.getLogger(__name__)
@@ -256,6 +259,9 @@ def check_model(model) -> ModelTraits:
     if cached is not None and cached[0] == key:
         return cached[1]
     name = type(model).__name__
+    mixing = mixing_problem(model)  # quantized layers whose tokens meet outside attention
+    if mixing is not None:
+        raise UnsupportedModelError(f"{name} {mixing}")
     if getattr(config, "is_encoder_decoder", False):
         # no custom mask or position_ids reach the decoder (see lookahead.runner): nothing to probe
         spec = dataclasses.replace(_model_spec(model), encoder_decoder=True, layer_types=("full_attention",))
