@@ -649,9 +649,10 @@ def write_report(runs: list[Run], out_dir: Path, name: str, meta: dict) -> tuple
     meta = {**meta, "load_average": os.getloadavg()[0], "torch_threads": torch.get_num_threads()}
     batch = f", batch {meta['batch_size']}" if meta.get("batch_size", 1) > 1 else ""
     timed = f", median of {meta['repeats']} timings" if meta.get("repeats", 1) > 1 else ""
+    weights = f", {meta['quantization']} weights" if meta.get("quantization") else ""
     table = markdown(
         rows,
-        f"{name} ({meta['model']}, {meta['dtype']}, {meta['n']} prompts, {meta['max_new_tokens']} new tokens"
+        f"{name} ({meta['model']}, {meta['dtype']}{weights}, {meta['n']} prompts, {meta['max_new_tokens']} new tokens"
         f"{batch}{timed})",
     )
     by_kind = kind_markdown(kinds)

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from . import models
+from .quantization import SCHEMES
 
 EXIT_USAGE = 2
 API_KEYS_VARIABLE = "LOOKAHEAD_API_KEYS"
@@ -73,6 +74,12 @@ def _add_bench(sub) -> None:
     bench.add_argument("--model", default=models.DEFAULT_MODEL, help="as for generate (default: %(default)s)")
     bench.add_argument("--dtype", default="bfloat16", choices=sorted(models.DTYPES), help="default: %(default)s")
     bench.add_argument("--device", default="auto", help="cpu | cuda | cuda:N (default: auto: cuda when available)")
+    bench.add_argument(
+        "--quantization",
+        choices=list(SCHEMES),
+        help="quantize the weights as they load; every method runs on that same quantized model, and its cost "
+        "curve is measured for it (default: none)",
+    )
     bench.add_argument("-W", "--window-size", type=int, help="also run this fixed W/N/G (the rest default)")
     bench.add_argument("-N", "--ngram-size", type=int)
     bench.add_argument("-G", "--max-candidates", type=int)
@@ -352,7 +359,7 @@ def _bench(args) -> int:
 
     _quiet_transformers()
     device, suites, out = _check_bench(args)
-    model, tokenizer = models.load(args.model, dtype=args.dtype, device=device)
+    model, tokenizer = models.load(args.model, dtype=args.dtype, device=device, quantization=args.quantization)
     if model.config.is_encoder_decoder:
         raise ValueError("lookahead bench measures decoder-only models (its bound and prompt lookup are theirs)")
     for name, prompts in suites.items():
@@ -362,7 +369,8 @@ def _bench(args) -> int:
         if len(by_batch) > 1:
             label = Path(name).stem
             table = bench.batch_markdown(
-                by_batch, f"{label} by batch size ({args.model}, {args.dtype}, up to {len(prompts)} prompts)"
+                by_batch,
+                f"{label} by batch size ({args.model}, {args.dtype}{_weights(args)}, up to {len(prompts)} prompts)",
             )
             (out / f"{label}-batches.md").write_text(table)
             print(table)
@@ -374,6 +382,7 @@ def _check_bench(args) -> tuple[str, dict[str, list], Path]:
     missing extras, the datasets and an output folder it cannot write. Returns the device, the
     prompts by dataset name and the output folder."""
     from . import bench, datasets
+    from .quantization import quantization_config
 
     if args.n < 1 or args.max_new_tokens < 1 or min(args.batch_size) < 1 or args.repeats < 1:
         raise ValueError("--n, --max-new-tokens, --batch-size and --repeats must be at least 1")
@@ -385,6 +394,8 @@ def _check_bench(args) -> tuple[str, dict[str, list], Path]:
         raise ValueError(f"--num-beams must be at least 1, got {args.num_beams}")
     bench.methods_for(*_wng(args), adaptive=args.adaptive)  # validates W/N/G before the load
     device = _device(args.device)
+    if args.quantization is not None:  # its package is installed, before the load
+        quantization_config(args.quantization, models.parse_dtype(args.dtype), device)
     missing = [name for name in ("tqdm", "psutil", "matplotlib") if importlib.util.find_spec(name) is None]
     if missing:
         needs = ", ".join(missing)
@@ -443,6 +454,7 @@ def _bench_meta(args, model, name: str, batch: int, ran: int) -> dict:
         dataset=name,
         model=args.model,
         dtype=args.dtype,
+        quantization=args.quantization,
         n=ran,
         max_new_tokens=args.max_new_tokens,
         batch_size=batch,
@@ -458,6 +470,11 @@ def _bench_meta(args, model, name: str, batch: int, ran: int) -> dict:
             for size, curves in costs.by_batch
         }
     return meta
+
+
+def _weights(args) -> str:
+    """What a title says of the weights: ", int8 weights" when they are quantized, else nothing."""
+    return f", {args.quantization} weights" if args.quantization else ""
 
 
 def _serve(args) -> int:
