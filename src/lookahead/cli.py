@@ -251,6 +251,10 @@ def _quiet_transformers() -> None:
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+    # transformers imports torchao wherever it is installed (the quant extra): its kernels for
+    # GPUs this machine lacks, and torch's notes on its types, are no news to the command's user
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def _wng(args) -> tuple[int | None, int | None, int | None]:
