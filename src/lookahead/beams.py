@@ -125,10 +125,8 @@ def _plan(state: BeamState, drafter: BeamDrafter, hints, chains: int, length: in
 
 def _step_ids(plan: _Plan, last: Sequence[int]) -> list[list[int]]:
     """Each row's inputs: t, then its chains padded to the layout's (filler slots are never read)."""
-    n, length = (
-        len(plan.layout.candidate_slots),
-        (len(plan.layout.candidate_slots[0]) if plan.layout.candidate_slots else 0),
-    )
+    slots = plan.layout.candidate_slots
+    n, length = len(slots), len(slots[0]) if slots else 0
     rows = []
     for t, drafts in zip(last, plan.drafts, strict=True):
         chains = [list(d) + [t] * (length - len(d)) for d in drafts]
@@ -140,7 +138,7 @@ def _step_ids(plan: _Plan, last: Sequence[int]) -> list[list[int]]:
 def _chain_of(drafts: Sequence[tuple[int, ...]], path: tuple[int, ...]) -> int | None:
     """The first chain that starts with ``path``, or None."""
     for k, chain in enumerate(drafts):
-        if chain[: len(path)] == path and len(chain) >= len(path):
+        if chain[: len(path)] == path:
             return k
     return None
 
