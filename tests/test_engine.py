@@ -324,10 +324,10 @@ def test_a_failed_admission_fails_the_newcomers_only():
     service = Service(model, LookaheadConfig(0, 4, 4), max_batch_size=4, max_queue=4)
     prefill = DecoderRunner.prefill
 
-    def failing(self, prompts):
+    def failing(self, prompts, media=None):
         if any(len(p) == 11 for p in prompts):
             raise RuntimeError("simulated out of memory")
-        return prefill(self, prompts)
+        return prefill(self, prompts, media)
 
     running, doomed = repetitive_prompt(24, 0)[0].tolist(), repetitive_prompt(11, 1)[0].tolist()
     long = 200

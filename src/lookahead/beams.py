@@ -47,6 +47,7 @@ import torch
 from .beam_drafts import BeamDrafter
 from .beam_state import BeamState
 from .layout import StepLayout, build_layout
+from .media import MediaPrefill
 
 # logits processors that map log-probabilities <= 0 to values <= 0 (they mask tokens, or scale a
 # negative score by a positive factor): with only these, a beam's continuations never score above
@@ -246,10 +247,10 @@ class BeamSearch:
     def advance(self, logits: torch.Tensor, unknown=()) -> bool:
         return self.state.advance(logits, self.processors, self.stopping, self.record, unknown)
 
-    def run(self, prompts: Sequence[Sequence[int]], sources: Sequence[Sequence[int]] = ()) -> None:
+    def run(self, prompts: Sequence[Sequence[int]], sources: Sequence[Sequence[int]] = (), media=None) -> None:
         """Prefill, then steps until beam search is over. ``sources``: per item, more text to draft
-        from (an encoder-decoder model's input)."""
-        self.advance(self.runner.prefill(prompts))
+        from (an encoder-decoder model's input); ``media``: a VLM's prefill."""
+        self.advance(self.runner.prefill(prompts, media) if media is not None else self.runner.prefill(prompts))
         self.runner.reorder(self.state.parents())
         self.stats.depths = 1
         for item in range(self.state.batch):
@@ -292,11 +293,14 @@ class BeamSearch:
             self.pricing.record(depth)
 
 
-def beam_generate(runner, prompts, input_ids, processors, stopping_criteria, generation_config, settings, sources=()):
+def beam_generate(
+    runner, prompts, input_ids, processors, stopping_criteria, generation_config, settings, sources=(), media=None
+):
     """Beam search with lookahead over ``runner`` (a runner made with ``slab=False``, or a
-    :class:`lookahead.runner.Seq2SeqRunner`) -> (what ``generate`` returns, :class:`BeamStats`)."""
+    :class:`lookahead.runner.Seq2SeqRunner`) -> (what ``generate`` returns, :class:`BeamStats`).
+    ``media``: a VLM's prefill (:class:`lookahead.media.MediaPrefill`)."""
     search = BeamSearch(runner, input_ids, processors, stopping_criteria, generation_config, settings)
-    search.run(prompts, sources)
+    search.run(prompts, sources, media)
     sequences, scores, indices = search.state.result(generation_config.num_return_sequences or 1)
     if not generation_config.return_dict_in_generate:
         return sequences, search.stats
@@ -370,4 +374,5 @@ def beam_call(model, spec, cfg, call: dict, model_kwargs: dict, source_ids=None)
     if source_ids is not None:
         sources = source_ids[:: k if source_ids.shape[0] == input_ids.shape[0] else 1].tolist()
     processors, stopping = call["logits_processor"], call["stopping_criteria"]
-    return beam_generate(runner, prompts, input_ids, processors, stopping, generation_config, settings, sources)
+    media = MediaPrefill.from_call(model, input_ids, model_kwargs)
+    return beam_generate(runner, prompts, input_ids, processors, stopping, generation_config, settings, sources, media)

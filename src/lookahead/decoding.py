@@ -32,6 +32,7 @@ from .costs import CostCurve, curve_key
 from .drafting import TreeDrafter
 from .emission import Emitter
 from .engine import Engine
+from .media import MediaPrefill
 from .output import assemble
 from .sequences import SeqState
 from .step import SYNCED_GPUS_REFUSED, prompt_rows, validate_call
@@ -208,7 +209,7 @@ class Lookahead:
         )
 
         # 3. the prefill gives each sequence its first token, then one engine step per forward pass
-        engine.admit(seqs, prompts)
+        engine.admit(seqs, prompts, MediaPrefill.from_call(model, input_ids, model_kwargs))
         start = time.perf_counter()
         while engine.active:
             engine.step()

@@ -28,6 +28,7 @@ from .config import LookaheadConfig, LookaheadStats
 from .drafting import Draft, TreeDrafter
 from .emission import Emitter, align
 from .layout import StepLayout, build_layout
+from .media import MediaPrefill
 from .planning import (
     at_hand,
     candidates_for,
@@ -91,19 +92,23 @@ class Engine:
 
     # -- admission -------------------------------------------------------------------------------
 
-    def admit(self, seqs: Sequence[SeqState], prompts: Sequence[Sequence[int]]) -> None:
-        """Prefill ``seqs`` (their prompts without padding) and let them join the batch; each gets
-        its first token from the prefill. Into a running batch, a failure raises
-        :class:`AdmissionError` and leaves the running sequences as they were."""
+    def admit(
+        self, seqs: Sequence[SeqState], prompts: Sequence[Sequence[int]], media: MediaPrefill | None = None
+    ) -> None:
+        """Prefill ``seqs`` (their prompts without padding; ``media``: a VLM's prefill of them) and
+        let them join the batch; each gets its first token from the prefill. Into a running batch,
+        a failure raises :class:`AdmissionError` and leaves the running sequences as they were."""
         start = time.perf_counter()
         if self.active:
             if self.runner.aligned:
                 raise ValueError("encoder-decoder models cannot admit sequences into a running batch")
-            newcomers, logits = self.runner.apart(prompts)  # [b, V]
+            newcomers, logits = self.runner.apart(prompts, media)  # [b, V]
             self.stats.prefill_seconds += time.perf_counter() - start
             return self.join(seqs, newcomers, logits)
         try:
-            logits = self.runner.prefill(prompts)  # [b, V]: a batch starting anew
+            if media is not None and self.runner.aligned:
+                raise ValueError("encoder-decoder models take no images")
+            logits = self.runner.prefill(prompts, media) if media is not None else self.runner.prefill(prompts)
         except Exception as err:
             raise AdmissionError(f"prefilling the prompts failed: {err}") from err
         self.stats.prefill_seconds += time.perf_counter() - start

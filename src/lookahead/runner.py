@@ -52,6 +52,7 @@ from transformers import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
 from .layout import StepLayout
+from .media import MediaPrefill, shifted
 from .slab import Slab
 from .support import ModelTraits
 
@@ -205,6 +206,10 @@ class DecoderRunner:
         self.key_pos: torch.Tensor | None = None  # [B, C] (host) position of each cache column, -1 = hole
         self.n_cached: torch.Tensor | None = None  # [B] (host) committed tokens in the cache per sequence
         self.holes = False
+        # [B, axes] (host) each row's position shift, None where none (a VLM's prompt: lookahead.media),
+        # and whether the model takes its positions stacked [axes, B, L] (M-RoPE)
+        self.shift: torch.Tensor | None = None
+        self.stacked = False
         # sliding-window layers drop the leading columns no future query can see (bounded memory);
         # ``trim`` of them are gone from those layers (key_pos still lists them, for full layers)
         self.sliding = spec.sliding_layers(model.config) if bound_sliding else ()
@@ -219,8 +224,11 @@ class DecoderRunner:
     def _logits_kwargs(self, slots: torch.Tensor | int) -> dict:
         return {"logits_to_keep": slots} if self.spec.keeps_logits else {}
 
-    def prefill(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
-        """Fill the cache with the prompts (left-padded, as transformers does) -> last logits [B, V]."""
+    def prefill(self, prompts: Sequence[Sequence[int]], media: MediaPrefill | None = None) -> torch.Tensor:
+        """Fill the cache with the prompts (left-padded, as transformers does) -> last logits [B, V].
+        ``media``: a VLM's prefill, run as its generate runs it (:meth:`_prefill_media`)."""
+        if media is not None:
+            return self._prefill_media(prompts, media)
         device = self.device
         longest = max(len(p) for p in prompts)
         pads = [longest - len(p) for p in prompts]
@@ -245,8 +253,23 @@ class DecoderRunner:
         )
         self.key_pos, self.trim, self.trimmed = key_pos, 0, False
         self.n_cached = torch.tensor([len(p) for p in prompts])
+        self.shift, self.stacked = None, False
         self._trim_sliding()
         return out.logits[:, -1]
+
+    def _prefill_media(self, prompts: Sequence[Sequence[int]], media: MediaPrefill) -> torch.Tensor:
+        """The prefill of a VLM's generate, its input_ids as given (``prompts`` are their rows
+        without padding) -> last logits [B, V]; steps then add the position shift it reports."""
+        width = media.input_ids.shape[1]
+        pads = [width - len(p) for p in prompts]
+        key_pos = torch.stack([torch.arange(width) - pad for pad in pads])  # [B, S] (host)
+        key_pos[key_pos < 0] = -1
+        self.cache, self.slab = DynamicCache(), None
+        logits, self.shift, self.stacked = media.run(self.model, self.cache, self.spec.keeps_logits)
+        self.key_pos, self.trim, self.trimmed, self.holes = key_pos, 0, False, any(pads)
+        self.n_cached = torch.tensor([len(p) for p in prompts])
+        self._trim_sliding()
+        return logits
 
     def _empty_slab(self, batch: int, length: int) -> Slab | None:
         """A slab for a prefill of ``batch`` prompts of up to ``length`` tokens, where the model's
@@ -265,12 +288,15 @@ class DecoderRunner:
         self.merge(newcomers)
         return logits
 
-    def apart(self, prompts: Sequence[Sequence[int]]) -> tuple[DecoderRunner, torch.Tensor]:
-        """A runner of their own for ``prompts``, prefilled -> (it, their last logits [b, V]).
-        Raises :class:`AdmissionError`; nothing of this runner is touched."""
+    def apart(
+        self, prompts: Sequence[Sequence[int]], media: MediaPrefill | None = None
+    ) -> tuple[DecoderRunner, torch.Tensor]:
+        """A runner of their own for ``prompts`` (and ``media``, a VLM's prefill), prefilled ->
+        (it, their last logits [b, V]). Raises :class:`AdmissionError`; nothing of this runner is
+        touched."""
         newcomers = DecoderRunner(self.model, self.spec, bound_sliding=False, slab=False)
         try:
-            return newcomers, newcomers.prefill(prompts)
+            return newcomers, newcomers.prefill(prompts, media)
         except Exception as err:
             raise AdmissionError(str(err)) from err
 
@@ -282,8 +308,8 @@ class DecoderRunner:
         if self.key_pos is None:
             return self.prefill([tokens])
         done = int(self.n_cached[0])
-        if self.key_pos.shape[0] != 1 or self.holes or self.trimmed:
-            raise ValueError("extend continues the prefill of one sequence without holes")
+        if self.key_pos.shape[0] != 1 or self.holes or self.trimmed or self.shift is not None:
+            raise ValueError("extend continues the text-only prefill of one sequence without holes")
         positions = torch.arange(done, done + len(tokens))
         extra = {"position_ids": _send(positions[None], self.device)} if self.spec.positions else {}
         out = self.model(
@@ -307,6 +333,7 @@ class DecoderRunner:
             width = max(self.key_pos.shape[1], newcomers.key_pos.shape[1])
             key_pos = torch.cat([_left_pad(self.key_pos, width, -1), _left_pad(newcomers.key_pos, width, -1)])
             n_cached = torch.cat([self.n_cached, newcomers.n_cached])
+            shift, stacked = _stacked_shifts(self, newcomers)
             if self.slab is not None:
                 self.slab.admit(newcomers.cache)  # checks and allocates before it writes
             else:
@@ -321,7 +348,7 @@ class DecoderRunner:
             for layer, (keys, values) in zip(self.cache.layers, merged, strict=True):
                 layer.keys, layer.values = keys, values
             self.trim = 0
-        self.key_pos, self.n_cached = key_pos, n_cached
+        self.key_pos, self.n_cached, self.shift, self.stacked = key_pos, n_cached, shift, stacked
         self.holes = bool((self.key_pos < 0).any())
 
     def adopt(self, newcomers: DecoderRunner) -> None:
@@ -339,6 +366,7 @@ class DecoderRunner:
             cache.layers[:] = slab.layers
         self.cache, self.slab = cache, slab
         self.key_pos, self.n_cached, self.holes = newcomers.key_pos, newcomers.n_cached, newcomers.holes
+        self.shift, self.stacked = newcomers.shift, newcomers.stacked
         self.trim, self.trimmed = 0, False
         self._trim_sliding()
 
@@ -358,7 +386,7 @@ class DecoderRunner:
         else:  # linear steps: a 2D mask hides the holes; the model derives positions and causality
             ones = self.key_pos.new_ones(len(step_ids), layout.length)
             mask = _send(torch.cat([(self.key_pos >= 0).long(), ones], dim=1), device)  # [B, C + L]
-        extra = {"position_ids": positions} if self.spec.positions else {}
+        extra = {"position_ids": shifted(positions, self.shift, self.stacked)} if self.spec.positions else {}
         with self.masked_attention if mask is not None else _AS_THEY_ARE:  # see leave_cudnn_out
             out = self.model(
                 input_ids=_send(_id_rows(step_ids), device),
@@ -463,6 +491,7 @@ class DecoderRunner:
             raise ValueError("reorder takes a runner made with slab=False")
         index = torch.tensor(list(rows))
         self.key_pos, self.n_cached = self.key_pos[index], self.n_cached[index]
+        self.shift = None if self.shift is None else self.shift[index]
         self.cache.batch_select_indices(_send(index, self.device))
 
     def select(self, keep: Sequence[int]) -> None:
@@ -470,6 +499,7 @@ class DecoderRunner:
         that are holes in every remaining sequence."""
         index = torch.tensor(list(keep))
         self.key_pos, self.n_cached = self.key_pos[index], self.n_cached[index]
+        self.shift = None if self.shift is None else self.shift[index]
         valid = (self.key_pos >= 0).any(dim=0)
         lead = int(valid.long().argmax()) if bool(valid.any()) else 0
         if self.slab is not None:  # one copy for every layer
@@ -485,6 +515,18 @@ class DecoderRunner:
             self.key_pos, self.trim = self.key_pos[:, lead:], max(0, self.trim - lead)
         self.holes = bool((self.key_pos < 0).any())
         self._trim_sliding()
+
+
+def _stacked_shifts(mine: DecoderRunner, theirs: DecoderRunner) -> tuple[torch.Tensor | None, bool]:
+    """The position shifts of two batches stacked (a batch without any counts as shifted by 0):
+    both of one model, whose positions are stacked or not alike."""
+    if mine.shift is None and theirs.shift is None:
+        return None, False
+    axes = (mine.shift if mine.shift is not None else theirs.shift).shape[1]
+    rows = [
+        r.shift if r.shift is not None else torch.zeros(len(r.n_cached), axes, dtype=torch.long) for r in (mine, theirs)
+    ]
+    return torch.cat(rows), mine.stacked or theirs.stacked
 
 
 class Seq2SeqRunner:

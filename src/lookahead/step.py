@@ -10,6 +10,7 @@ import torch
 from .caches import check_cache_implementation
 from .choices import StepChoices
 from .layout import StepLayout
+from .media import IMAGE_INPUTS, check_media_inputs, takes_images
 from .support import ModelTraits
 
 # logits processors that cannot run on a step's expanded rows: they call a model, keep state
@@ -49,6 +50,8 @@ def _check_position_ids(model_kwargs) -> None:
     given = model_kwargs.get("position_ids")
     if given is None:
         return
+    if given.dim() == 3:  # M-RoPE's (a VLM's generate made them): the text positions come first
+        given = given[0]
     mask = model_kwargs.get("attention_mask")
     if mask is None:
         mask = torch.ones(given.shape, dtype=torch.long, device=given.device)
@@ -117,7 +120,9 @@ def validate_call(
             "output_attentions and output_hidden_states are not available with lookahead decoding: "
             "a step's forward pass mixes the emitted tokens with window and candidate rows"
         )
-    unknown = sorted(k for k, v in model_kwargs.items() if v is not None and k not in _HANDLED_INPUTS)
+    check_media_inputs(model, model_kwargs)
+    handled = _HANDLED_INPUTS | IMAGE_INPUTS if takes_images(model) else _HANDLED_INPUTS
+    unknown = sorted(k for k, v in model_kwargs.items() if v is not None and k not in handled)
     if unknown:
         raise ValueError(
             f"lookahead decoding does not pass {', '.join(unknown)} to the model (it builds each step's "
