@@ -268,17 +268,21 @@ def tiny_vlm(family: str, seed: int = 0):
 
 def _sharpen_text(model, scale: float, embeddings: bool):
     """Sharper-than-default text weights give the model habits (repeated phrases), as in tiny_models.
-    The output rows of pad, bos and the special tokens are zeroed (tied embeddings with them): a zero
-    logit is below the best of the sharpened ones, so the model writes characters or eos, never an
-    image token."""
-    head = model.get_output_embeddings().weight
+    The output rows of pad, bos and the special tokens are zeroed: a zero logit is below the best
+    of the sharpened ones, so the model writes characters or eos, never an image token. A head tied
+    to the input embeddings is untied first, so that those tokens keep their input embeddings (a
+    zero embedding would make a token blind to positions, and the model check probes with them)."""
+    output = model.get_output_embeddings()
     with torch.no_grad():
         for name, param in model.get_decoder().named_parameters():
             if param.dim() >= 2 and (embeddings or "embed" not in name):
                 param.mul_(scale)
-        if head is not model.get_input_embeddings().weight:
-            head.mul_(scale)
-        head[NOT_WRITTEN] = 0
+        if output.weight is model.get_input_embeddings().weight:
+            output.weight = torch.nn.Parameter(output.weight.detach().clone())
+            model.config.tie_word_embeddings = False
+        else:
+            output.weight.mul_(scale)
+        output.weight[NOT_WRITTEN] = 0
 
 
 def image(seed: int, size: int | tuple[int, int] | None = None):

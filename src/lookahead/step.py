@@ -41,6 +41,7 @@ _HANDLED_INPUTS = {
     "output_attentions",  # refused below when asked for in the output
     "output_hidden_states",
     "inputs_embeds",  # refused below with its own message
+    "labels",  # a processor's (PaliGemma's); generate never passes them to the model either
 }
 
 
