@@ -43,7 +43,7 @@ VOCAB = 3 + len(SPECIAL_TOKENS) + len(CHARACTERS)
 NOT_WRITTEN = [PAD, BOS, *range(3, 3 + len(SPECIAL_TOKENS))]  # token ids the models never write
 IMAGE_SIZE = 32
 
-VLM_FAMILIES: tuple[str, ...] = ("llava", "qwen2_vl", "qwen2_5_vl", "gemma3", "idefics3", "paligemma")
+VLM_FAMILIES: tuple[str, ...] = ("llava", "qwen2_vl", "qwen2_5_vl", "gemma3", "idefics3", "smolvlm", "paligemma")
 
 # what a user writes where one image goes (paligemma's processor then adds bos after the last image)
 PLACEHOLDERS = {
@@ -52,9 +52,10 @@ PLACEHOLDERS = {
     "qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>",
     "gemma3": "<start_of_image>",
     "idefics3": "<image>",
+    "smolvlm": "<image>",
     "paligemma": "<image>",
 }
-NESTED_IMAGES = {"gemma3", "idefics3", "paligemma"}  # processors given one list of images per row
+NESTED_IMAGES = {"gemma3", "idefics3", "smolvlm", "paligemma"}  # processors given one list of images per row
 IMAGES_REQUIRED = {"paligemma"}  # processors that cannot take a row without an image
 
 
@@ -217,6 +218,30 @@ def _idefics3():
     return config, processor
 
 
+def _smolvlm():
+    """SmolVLM: Idefics3's layout under its own classes (its processor needs num2words)."""
+    from transformers import SmolVLMConfig, SmolVLMImageProcessorPil, SmolVLMProcessor
+
+    scale = 2
+    config = SmolVLMConfig(
+        text_config=dict(TEXT, model_type="llama"),
+        vision_config=dict(VISION, model_type="smolvlm_vision", patch_size=PATCH),
+        scale_factor=scale,
+        image_token_id=token_id("<image>"),
+        pad_token_id=PAD,
+    )
+    edge = {"longest_edge": IMAGE_SIZE}
+    processor = _without_video(SmolVLMProcessor)
+    processor.__init__(
+        image_processor=SmolVLMImageProcessorPil(size=edge, max_image_size=edge, do_image_splitting=False),
+        tokenizer=vlm_tokenizer(),
+        video_processor=None,
+        image_seq_len=(IMAGE_SIZE // PATCH) ** 2 // scale**2,
+        chat_template=None,
+    )
+    return config, processor
+
+
 def _paligemma():
     from transformers import PaliGemmaConfig, PaliGemmaProcessor, SiglipImageProcessorPil
 
@@ -241,6 +266,7 @@ BUILDERS = {
     "qwen2_5_vl": lambda: _qwen_vl("qwen2_5_vl"),
     "gemma3": _gemma3,
     "idefics3": _idefics3,
+    "smolvlm": _smolvlm,
     "paligemma": _paligemma,
 }
 SHARPEN = {  # family -> (weight scale, scale the embeddings too): the least degenerate outputs found
@@ -249,6 +275,7 @@ SHARPEN = {  # family -> (weight scale, scale the embeddings too): the least deg
     "qwen2_5_vl": (5.0, True),
     "gemma3": (3.0, False),  # gemma scales its embeddings itself, as in tiny_models
     "idefics3": (3.5, True),
+    "smolvlm": (3.5, True),
     "paligemma": (7.0, False),
 }
 
