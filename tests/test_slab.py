@@ -25,7 +25,8 @@ def _ids(gen: torch.Generator, count: int) -> list[int]:
 
 
 def _drive(runner: DecoderRunner, seed: int = 0) -> list[torch.Tensor]:
-    """Prefill, steps with commits that move entries, an admission, a drop: every logits tensor."""
+    """Prefill, steps with commits that move entries, admissions, drops, beam reorders: every
+    logits tensor."""
     gen = torch.Generator().manual_seed(seed)
     out = [runner.prefill([_ids(gen, 9), _ids(gen, 5)])]
     chains = build_layout(1, 0, 0, 2, 3)  # t, candidate 0 in slots 1-3, candidate 1 in slots 4-6
@@ -36,7 +37,9 @@ def _drive(runner: DecoderRunner, seed: int = 0) -> list[torch.Tensor]:
         (window, [(None, 1), (1, 4)]),
         (chains, [(0, 4), (1, 2)]),
         ("admit", None),
+        ("reorder", [2, 0, 0]),  # beam search's reorder: rows copied, one repeated, one dropped
         (window, [(1, 2), (None, 1), (0, 3)]),
+        ("reorder", [0, 1, 2]),  # nothing moves
         ("select", [0, 2]),
         (chains, [(1, 4), (1, 1)]),
         ("admit", 40),  # longer than what the batch holds: every sequence gains holes on the left
@@ -54,8 +57,8 @@ def _drive(runner: DecoderRunner, seed: int = 0) -> list[torch.Tensor]:
         if layout == "admit":
             out.append(runner.admit([_ids(gen, picks or 13)]))
             continue
-        if layout == "select":
-            runner.select(picks)
+        if layout in ("select", "reorder"):
+            getattr(runner, layout)(picks)
             continue
         batch = runner.key_pos.shape[0]
         out.append(runner.step(layout, [_ids(gen, layout.length) for _ in range(batch)]))

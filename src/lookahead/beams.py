@@ -296,7 +296,7 @@ class BeamSearch:
 def beam_generate(
     runner, prompts, input_ids, processors, stopping_criteria, generation_config, settings, sources=(), media=None
 ):
-    """Beam search with lookahead over ``runner`` (a runner made with ``slab=False``, or a
+    """Beam search with lookahead over ``runner`` (a :class:`lookahead.runner.DecoderRunner` or
     :class:`lookahead.runner.Seq2SeqRunner`) -> (what ``generate`` returns, :class:`BeamStats`).
     ``media``: a VLM's prefill (:class:`lookahead.media.MediaPrefill`)."""
     search = BeamSearch(runner, input_ids, processors, stopping_criteria, generation_config, settings)
@@ -369,7 +369,7 @@ def beam_call(model, spec, cfg, call: dict, model_kwargs: dict, source_ids=None)
         runner = Seq2SeqRunner(model, model_kwargs)
         settings = BeamSettings(min(1, settings.chains), settings.length, settings.ratio)  # linear steps
     else:
-        runner = DecoderRunner(model, spec, slab=False)
+        runner = DecoderRunner(model, spec)
     sources = ()
     if source_ids is not None:
         sources = source_ids[:: k if source_ids.shape[0] == input_ids.shape[0] else 1].tolist()

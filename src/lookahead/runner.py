@@ -485,14 +485,17 @@ class DecoderRunner:
         return layers
 
     def reorder(self, rows: Sequence[int]) -> None:
-        """Row i becomes a copy of row ``rows[i]`` (rows may repeat: beam search's reorder). Runners
-        made with ``slab=False`` only, whose layers select rows themselves."""
-        if self.slab is not None:
-            raise ValueError("reorder takes a runner made with slab=False")
+        """Row i becomes a copy of row ``rows[i]`` (rows may repeat: beam search's reorder). A slab
+        rewrites only the rows that change (:meth:`lookahead.slab.Slab.reorder`)."""
+        if list(rows) == list(range(len(rows))):
+            return
         index = torch.tensor(list(rows))
         self.key_pos, self.n_cached = self.key_pos[index], self.n_cached[index]
         self.shift = None if self.shift is None else self.shift[index]
-        self.cache.batch_select_indices(_send(index, self.device))
+        if self.slab is not None:
+            self.slab.reorder(rows)
+        else:
+            self.cache.batch_select_indices(_send(index, self.device))
 
     def select(self, keep: Sequence[int]) -> None:
         """Keep only the sequences ``keep`` (indices into the current batch), then cut leading columns

@@ -194,6 +194,19 @@ class Slab:
                 self.data[:, to, :, self.start : self.end] = self.data[:, sequence, :, self.start : self.end]
         self.batch = len(keep)
 
+    def reorder(self, rows: Sequence[int]) -> None:
+        """Row j becomes a copy of row ``rows[j]`` (rows may repeat: beam search's reorder), in
+        place: only the rows that change are written, from a copy of their sources taken first,
+        every layer at once (where a DynamicCache copies every row of every layer)."""
+        moved = [j for j, row in enumerate(rows) if row != j]
+        if not moved:
+            return
+        device = self.data.device
+        to = torch.tensor(moved).to(device, non_blocking=True)
+        source = torch.tensor([rows[j] for j in moved]).to(device, non_blocking=True)
+        held = self.data[:, :, :, self.start : self.end]
+        held[:, to] = held[:, source]
+
     def move(self, step_length: int, moves: Sequence[tuple[int, int, int]]) -> None:
         """Within the last ``step_length`` columns held (the step region), copy entries: ``moves``
         lists (sequence, to column, from column), columns counted from the region's start; every
