@@ -142,21 +142,61 @@ def load(
     device: str = "cpu",
     quantization: str | None = None,
 ):
-    """Load (model, tokenizer) for a bundled name or a local checkpoint path. ``quantization``, a
-    scheme of ``lookahead.quantization.SCHEMES`` ("int8", "int4", ...), quantizes the weights as
-    they load; ``dtype`` is then what the rest of the model, and the activations, compute in."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+    """Load (model, tokenizer) for a bundled name or a local checkpoint path; a vision-language
+    checkpoint loads as ``AutoModelForImageTextToText``, with its processor's tokenizer
+    (:func:`load_processor` gives the processor). ``quantization``, a scheme of
+    ``lookahead.quantization.SCHEMES`` ("int8", "int4", ...), quantizes the weights as they load;
+    ``dtype`` is then what the rest of the model, and the activations, compute in."""
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoModelForSeq2SeqLM,
+        AutoTokenizer,
+    )
 
     path = resolve(name_or_path)
     dtype = parse_dtype(dtype) if isinstance(dtype, str) else dtype
     config = AutoConfig.from_pretrained(path)
-    auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
+    vlm = is_vlm_config(config)
+    if vlm:
+        auto = AutoModelForImageTextToText
+    else:
+        auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
     if quantization is None:
         model = auto.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").to(device)
     else:
         model = _load_quantized(auto, path, dtype, device, quantization)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    processor = load_processor(path) if vlm else None
+    tokenizer = processor.tokenizer if processor is not None else AutoTokenizer.from_pretrained(path)
     return model.eval(), tokenizer
+
+
+def is_vlm_config(config) -> bool:
+    """Whether a checkpoint's config is a vision-language model's: one that transformers' image-text-to-text
+    auto class maps and that has a vision tower (a text-only Gemma 3 is ``gemma3_text``, not mapped)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    mapped = getattr(config, "model_type", None) in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+    return mapped and getattr(config, "vision_config", None) is not None
+
+
+def load_processor(name_or_path: str | Path):
+    """The processor of a vision-language checkpoint (``AutoProcessor``), which turns images and text
+    into the model's inputs; None for a checkpoint without an image processor (a text model). One
+    that needs a package not installed (Qwen2-VL's video processor needs torchvision) raises a
+    ValueError naming it."""
+    from transformers import AutoConfig, AutoProcessor
+
+    path = resolve(str(name_or_path))
+    if not is_vlm_config(AutoConfig.from_pretrained(path)):
+        return None
+    try:
+        processor = AutoProcessor.from_pretrained(path)
+    except ImportError as err:
+        reason = " ".join(str(err).split())
+        raise ValueError(f"the processor of {path} cannot load: {reason}") from err
+    return processor if getattr(processor, "image_processor", None) is not None else None
 
 
 def _load_quantized(auto, path: Path, dtype: torch.dtype, device: str, quantization: str):
