@@ -6,6 +6,11 @@ and so are ``max_tokens`` and ``max_completion_tokens`` together (as OpenAI refu
 Extensions: ``top_k``, and ``lookahead: {window_size, ngram_size, max_candidates}`` (each capped
 by the server's own setting; one left out is the server's).
 
+A chat message's content may hold ``image_url`` parts for a vision-language model served with its
+processor (:class:`ImageInputs`): data URLs only (``lookahead.images``), in user messages, at most
+``max_images`` a request. The prompt is then the processor's chat template over the messages, and
+the request carries the processor's output (``ParsedRequest.media``).
+
 A request that leaves out ``temperature``, ``top_p`` or ``top_k`` gets the server's
 :class:`SamplingDefaults`: by default those of the model's own ``generation_config`` where it sets
 them (as vLLM and SGLang do), else OpenAI's (temperature 1, no top-p or top-k cut).
@@ -16,6 +21,8 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+
+from .images import DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_IMAGES, ImageError, decode_data_url
 
 # fields that change nothing about the output, accepted as OpenAI accepts them
 _HARMLESS = {"user", "metadata", "store", "service_tier"}
@@ -151,6 +158,16 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     lookahead: tuple[int | None, int | None, int | None] | None  # a setting left out is None
+    media: dict | None = None  # a VLM's processor output for a request with images (tensors, batch 1)
+
+
+@dataclass(frozen=True)
+class ImageInputs:
+    """What a server that takes images reads them with: the model's processor, and its limits."""
+
+    processor: object
+    max_images: int = DEFAULT_MAX_IMAGES  # per request
+    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS  # per image, read from its header before it is decoded
 
 
 def _bad(param: str, message: str) -> ApiError:
@@ -193,23 +210,33 @@ def _refuse_unsupported(body: dict, chat: bool) -> None:
         raise ApiError(400, f"unsupported parameter '{name}'", "unsupported_parameter", name)
 
 
-def _prompt_ids(body: dict, chat: bool, tokenizer, vocab_size: int) -> tuple[list[int], str]:
-    if chat:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise _bad("messages", "'messages' must be a non-empty list of {role, content} objects")
-        if tokenizer.chat_template is None:
-            raise ApiError(400, "this model has no chat template: use /v1/completions", "no_chat_template", "messages")
-        clean = []
-        for i, message in enumerate(messages):
-            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-                raise _bad(f"messages[{i}]", "each message needs a 'role' string and a 'content'")
-            clean.append({"role": message["role"], "content": _content(message.get("content"), i)})
-        try:
-            text = tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=True)
-        except Exception as err:  # the template's own check (roles must alternate, ...)
-            raise _bad("messages", f"the model's chat template refused these messages: {err}") from err
-        return tokenizer(text, add_special_tokens=False)["input_ids"], "messages"
+def _prompt_ids(
+    body: dict, chat: bool, tokenizer, vocab_size: int, images: ImageInputs | None
+) -> tuple[list[int], str, dict | None]:
+    """The prompt's token ids, the field that holds it, and the processor's output where it has images."""
+    if not chat:
+        return *_completion_ids(body, tokenizer, vocab_size), None
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _bad("messages", "'messages' must be a non-empty list of {role, content} objects")
+    if images is not None and getattr(images.processor, "chat_template", None) is not None:
+        ids, media = _vlm_chat_ids(messages, tokenizer, images)
+        return ids, "messages", media
+    if tokenizer.chat_template is None:
+        raise ApiError(400, "this model has no chat template: use /v1/completions", "no_chat_template", "messages")
+    clean = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise _bad(f"messages[{i}]", "each message needs a 'role' string and a 'content'")
+        clean.append({"role": message["role"], "content": _content(message.get("content"), i, images is not None)})
+    try:
+        text = tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=True)
+    except Exception as err:  # the template's own check (roles must alternate, ...)
+        raise _bad("messages", f"the model's chat template refused these messages: {err}") from err
+    return tokenizer(text, add_special_tokens=False)["input_ids"], "messages", None
+
+
+def _completion_ids(body: dict, tokenizer, vocab_size: int) -> tuple[list[int], str]:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one prompt
@@ -229,10 +256,13 @@ def _prompt_ids(body: dict, chat: bool, tokenizer, vocab_size: int) -> tuple[lis
     return ids, "prompt"
 
 
-def _content(content, i: int) -> str:
-    """A message's text: a string, or a list of text parts joined."""
+def _content(content, i: int, vlm: bool = False) -> str:
+    """A message's text: a string, or a list of text parts joined. ``vlm``: the model reads images,
+    but its processor has no chat template to place them with."""
     if isinstance(content, list):  # content parts: text only
         for j, part in enumerate(content):
+            if isinstance(part, dict) and part.get("type") == "image_url":
+                raise _no_images(f"messages[{i}].content[{j}]", vlm)
             if not isinstance(part, dict) or part.get("type") != "text":
                 raise _bad(f"messages[{i}].content", "only text content parts are supported")
             if not isinstance(part.get("text"), str):
@@ -241,6 +271,105 @@ def _content(content, i: int) -> str:
     if not isinstance(content, str):
         raise _bad(f"messages[{i}].content", "'content' must be a string or a list of text parts")
     return content
+
+
+def _no_images(param: str, vlm: bool) -> ApiError:
+    if vlm:
+        return ApiError(400, "this model's processor has no chat template, so the server cannot place images in "
+                        "its prompt: send text only", "no_chat_template", param)  # fmt: skip
+    return ApiError(400, "this model takes no images: send text only (a vision-language model served with its "
+                    "processor takes image_url parts)", "unsupported", param)  # fmt: skip
+
+
+_IMAGE_DETAILS = ("auto", "low", "high", "original")  # OpenAI's; read and ignored
+
+
+def _vlm_chat_ids(messages: list, tokenizer, images: ImageInputs) -> tuple[list[int], dict | None]:
+    """A VLM's chat: the processor's chat template over the messages (each image part as
+    ``{"type": "image"}``), then the processor over that text and the decoded images -> (ids, its
+    output), as ``processor.apply_chat_template(..., tokenize=True)`` would give; text only, the
+    tokenizer's ids and no output."""
+    clean, urls = [], []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise _bad(f"messages[{i}]", "each message needs a 'role' string and a 'content'")
+        content = message.get("content")
+        if isinstance(content, str):
+            parts = [{"type": "text", "text": content}]
+        else:
+            parts = _parts(message, i, urls, images.max_images)
+        clean.append({"role": message["role"], "content": parts})
+    pictures = [_image(url, param, images.max_pixels) for url, param in urls]
+    processor = images.processor
+    try:
+        text = processor.apply_chat_template(clean, add_generation_prompt=True, tokenize=False)
+    except Exception as err:  # the template's own check (roles must alternate, ...)
+        raise _bad("messages", f"the model's chat template refused these messages: {err}") from err
+    bos = tokenizer.bos_token
+    special = not (bos is not None and text.startswith(bos))  # the processor's rule: bos once
+    if not pictures:
+        return tokenizer(text, add_special_tokens=special)["input_ids"], None
+    try:
+        inputs = processor(images=[pictures], text=[text], add_special_tokens=special, return_tensors="pt")
+    except Exception as err:  # an image the image processor cannot take, placeholders that do not match...
+        raise _bad("messages", f"the model's processor refused these images: {err}") from err
+    return inputs["input_ids"][0].tolist(), dict(inputs)
+
+
+def _parts(message: dict, i: int, urls: list[tuple[str, str]], max_images: int) -> list[dict]:
+    """A message's content parts as the processor's template takes them; each image's URL and its
+    field are appended to ``urls``, which may hold ``max_images``."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        raise _bad(f"messages[{i}].content", "'content' must be a string or a list of text and image_url parts")
+    parts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text":
+            if not isinstance(part.get("text"), str):
+                raise _bad(f"messages[{i}].content[{j}].text", "a text part needs a 'text' string")
+            parts.append({"type": "text", "text": part["text"]})
+        elif kind == "image_url":
+            if message["role"] != "user":
+                raise _bad(f"messages[{i}].content[{j}]", "images go in messages of role 'user' only")
+            if len(urls) == max_images:
+                raise ApiError(400, f"a request may carry at most {max_images} images: this is one more",
+                               "too_many_images", f"messages[{i}].content[{j}]")  # fmt: skip
+            urls.append(_image_url(part.get("image_url"), f"messages[{i}].content[{j}].image_url"))
+            parts.append({"type": "image"})
+        else:
+            raise _bad(f"messages[{i}].content[{j}]", "only text and image_url content parts are supported")
+    return parts
+
+
+def _image_url(value, param: str) -> tuple[str, str]:
+    """An image part's URL and its field: ``{"url": ..., "detail": ...}`` as OpenAI takes it (or
+    the URL string alone)."""
+    if isinstance(value, str):
+        return value, param
+    if not isinstance(value, dict) or not isinstance(value.get("url"), str):
+        raise _bad(param, "'image_url' must be an object {url, detail}, its url a data URL of the image")
+    detail = value.get("detail")
+    if detail is not None and detail not in _IMAGE_DETAILS:
+        raise _bad(f"{param}.detail", f"'detail' must be one of {', '.join(_IMAGE_DETAILS)}")
+    return value["url"], f"{param}.url"
+
+
+def _image(url: str, param: str, max_pixels: int):
+    try:
+        return decode_data_url(url, max_pixels)
+    except ImageError as err:
+        raise _bad(param, str(err)) from err
+
+
+def _check_placeholders(ids: list[int], media: dict | None, images: ImageInputs | None, param: str) -> None:
+    """Refuse a prompt without images whose text holds the model's image token: the model would
+    look for an image there."""
+    token = getattr(images.processor, "image_token_id", None) if images is not None else None
+    if media is None and token is not None and token in ids:
+        name = getattr(images.processor, "image_token", token)
+        raise _bad(param, f"the prompt holds the model's image token ({name}) but no image: send images as "
+                   "image_url parts of a chat message")  # fmt: skip
 
 
 def _text_length(body: dict, chat: bool) -> tuple[int, str]:
@@ -309,11 +438,12 @@ def parse_request(
     defaults: SamplingDefaults = SamplingDefaults(),
     *,
     max_token_chars: int | None = None,
+    images: ImageInputs | None = None,
 ) -> ParsedRequest:
     """Check a request body; raises :class:`ApiError` naming the field at fault. A sampling field
     left out takes its value from ``defaults``. ``max_token_chars``: the most characters one token
     of ``tokenizer`` covers, if known; a prompt that cannot fit the context is then refused before
-    it is tokenized."""
+    it is tokenized. ``images``: the model reads images, with this processor (None: it takes none)."""
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object", "invalid_value")
     model = body.get("model")
@@ -325,7 +455,8 @@ def parse_request(
     _refuse_unsupported(body, chat)
     stop = _stop(body)
     _check_length_bound(body, chat, max_positions, max_token_chars)
-    ids, prompt_param = _prompt_ids(body, chat, tokenizer, vocab_size)
+    ids, prompt_param, media = _prompt_ids(body, chat, tokenizer, vocab_size, images)
+    _check_placeholders(ids, media, images, prompt_param)
     room = None if max_positions is None else max_positions - len(ids)
     if room is not None and room < 1:
         raise ApiError(400, f"the prompt has {len(ids)} tokens but the model's context is {max_positions}: "
@@ -365,4 +496,5 @@ def parse_request(
         stream=stream,
         include_usage=bool((options or {}).get("include_usage")),
         lookahead=_lookahead(body),
+        media=media,
     )
