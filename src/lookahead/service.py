@@ -16,6 +16,12 @@ step each request's new tokens go to its own ``asyncio.Queue`` as :class:`Event`
 one says why it finished. A cancelled request (a client that went away) leaves the batch at the
 next step boundary.
 
+A vision-language model's requests (:func:`lookahead.media.takes_images`), text-only ones too,
+are each prefilled alone and whole, as the model's own ``generate`` prefills them
+(:meth:`MediaPrefill.from_inputs <lookahead.media.MediaPrefill.from_inputs>`: its vision tower
+reads the request's images, and its positions are its own), then join the batch; a prefill that
+fails (an image the vision tower refuses, memory run out) fails its request alone.
+
 Each request carries its own settings: ``max_tokens``, greedy or sampling (``temperature``,
 ``top_p``, ``top_k``), a ``seed`` and a cap on W/N/G. A sampled request draws each token from
 noise keyed by (seed, position) (``verify.position_noise``), so the same seed gives the same text
@@ -54,6 +60,7 @@ from .assembly import make_chooser, make_drafter, new_sequence, settle
 from .config import LookaheadConfig, LookaheadStats
 from .emission import Emitter
 from .engine import ChunkedPrefill, Engine
+from .media import MediaPrefill, takes_images
 from .pool import PoolFeed, SharedPool
 from .runner import AdmissionError
 from .sequences import SeqState
@@ -99,6 +106,9 @@ class Request:
     checked_at: float = 0.0  # when the server last checked that the client is still connected
     pool_scope: str | None = None  # whose warm pool it reads and feeds (Service's pool_scopes)
     kept: int | None = None  # ended on a stop string after this many tokens (Service.stop)
+    # a VLM's processor output for its prompt and images (tensors of batch 1, input_ids among them);
+    # None: prompt_ids alone
+    media: dict | None = None
 
     def settings(self, cfg: LookaheadConfig) -> tuple[int, int, int]:
         """The (W, N, G) this request runs with: its own caps within the server's."""
@@ -166,6 +176,7 @@ class Service:
         if spec.encoder_decoder:
             raise ValueError("the server runs decoder-only models (requests join a batch mid-way)")
         self.spec = spec
+        self.vlm = takes_images(model)  # each request is prefilled alone, as its generate would (_admit_media)
         if spec.context_limit != spec.max_positions:
             logger.warning(
                 "this model's rotary embedding changes once a forward pass reaches position %d (longrope or "
@@ -316,6 +327,8 @@ class Service:
         the queue's order: first the next chunk of a long prompt under way; then newcomers whose
         prompts fit together in what is left; then, where the next one is longer than a chunk and
         none is under way, its first chunk. Called with the lock held."""
+        if self.vlm:
+            return self._plan_whole()
         budget, room = self.prefill_chunk, self.max_batch_size - len(self.engine.active)
         chunk = 0
         if self._prefilling is not None:
@@ -333,6 +346,19 @@ class Service:
                 start = (self._pending.popleft(), left)
             break
         return _Plan(newcomers, chunk, start)
+
+    def _plan_whole(self) -> _Plan:
+        """A VLM's plan: newcomers in the queue's order while their prompts fit ``prefill_chunk``
+        tokens together, and the first whatever its length (a VLM's prefill is not cut in chunks)."""
+        budget, room = self.prefill_chunk, self.max_batch_size - len(self.engine.active)
+        newcomers, total = [], 0
+        while self._pending and room > 0:
+            length = len(self._pending[0].prompt_ids)
+            if newcomers and total + length > budget:
+                break
+            newcomers.append(self._pending.popleft())
+            total, room = total + length, room - 1
+        return _Plan(newcomers, 0, None)
 
     def _advance(self, plan: _Plan) -> None:
         start = time.perf_counter()
@@ -391,6 +417,8 @@ class Service:
         that runs out of memory, say) fails; the running requests go on."""
         if not newcomers:
             return []
+        if self.vlm:
+            return [request for request in newcomers if self._admit_media(request)]
         try:
             self.engine.admit([r.seq for r in newcomers], [r.prompt_ids for r in newcomers])
             return newcomers
@@ -406,6 +434,29 @@ class Service:
             self._by_seq[id(request.seq)] = request
             joined += self._admit([request])
         return joined
+
+    def _admit_media(self, request: Request) -> bool:
+        """Prefill a VLM's request alone, as ``model.generate(**request.media)`` would, and let it
+        join the batch -> whether it did. A failure fails it alone."""
+        try:
+            prefill = MediaPrefill.from_inputs(self.model, self._media_inputs(request))
+            request.media = None  # its images are in the prefill now
+            self.engine.admit([request.seq], [request.prompt_ids], prefill)
+        except Exception as err:  # an image its vision tower refuses, memory run out: this request only
+            self._fail_alone(request, err)
+            return False
+        return True
+
+    def _media_inputs(self, request: Request) -> dict:
+        """The request's model inputs (its prompt ids alone where it has no images) on the model's
+        device, floating-point ones (pixels) in the model's dtype."""
+        inputs = request.media or {"input_ids": torch.tensor([request.prompt_ids])}
+        device, dtype = self.model.device, self.model.dtype
+        return {
+            name: value.to(device, dtype) if value.is_floating_point() else value.to(device)
+            for name, value in inputs.items()
+            if isinstance(value, torch.Tensor)
+        }
 
     def _fail_alone(self, request: Request, err: Exception) -> None:
         logger.error("admitting a request failed: %s", err, exc_info=err)
