@@ -180,6 +180,14 @@ def _add_serve_access(parser) -> None:
         help="larger request bodies are refused with 413 (default: %(default)s)",
     )
     parser.add_argument(
+        "--max-image-pixels",
+        type=int,
+        default=4096 * 4096,
+        metavar="N",
+        help="a vision-language model's images past this many pixels are refused with 400, before they are "
+        "decoded (default: %(default)s)",
+    )
+    parser.add_argument(
         "--drain-timeout",
         type=float,
         default=30.0,
@@ -505,6 +513,7 @@ def _serve(args) -> int:
 
     def load():  # on the engine thread, which then runs every forward pass (see lookahead.service)
         model, loaded["tokenizer"] = models.load(args.model, dtype=args.dtype, device=device)
+        loaded["processor"] = models.load_processor(args.model)  # a vision-language model's: it takes images
         return model
 
     service = Service(
@@ -515,9 +524,9 @@ def _serve(args) -> int:
     sampling = SamplingDefaults() if args.sampling_defaults == "openai" else None
     settings = ServerSettings(
         model_name=args.model, api_keys=keys, pool_scope=pool_scope, sampling=sampling,
-        max_body_bytes=args.max_body_bytes, drain_timeout=args.drain_timeout,
+        max_body_bytes=args.max_body_bytes, drain_timeout=args.drain_timeout, max_image_pixels=args.max_image_pixels,
     )  # fmt: skip
-    app = create_app(service, tokenizer, settings, metrics)
+    app = create_app(service, tokenizer, settings, metrics, processor=loaded["processor"])
     _announce(args, cfg, app.state.sampling_defaults, len(keys), pool_scope == "key" and shared is not None)
     # uvicorn stops admission on SIGTERM/SIGINT, waits for the requests in flight, then re-raises
     # the signal to the handler it found: a no-op one lets the process exit 0 once drained
@@ -538,8 +547,8 @@ def _check_serve(args) -> tuple[list[str], str]:
         raise ValueError(f"--port must be in 1-65535, got {args.port}")
     keys = _api_keys(args)
     pool_scope = args.pool_scope or ("key" if len(keys) > 1 else "shared")
-    if args.max_body_bytes < 1 or args.prefill_chunk < 1:
-        raise ValueError("--max-body-bytes and --prefill-chunk must be at least 1")
+    if args.max_body_bytes < 1 or args.prefill_chunk < 1 or args.max_image_pixels < 1:
+        raise ValueError("--max-body-bytes, --prefill-chunk and --max-image-pixels must be at least 1")
     if not (math.isfinite(args.drain_timeout) and args.drain_timeout >= 0):
         raise ValueError(f"--drain-timeout must be a number of seconds >= 0, got {args.drain_timeout}")
     if args.plain and _wng(args) != (None,) * 3:

@@ -9,9 +9,13 @@ finish reason, and on the usage chunk). Errors use OpenAI's shape, ``{"error": {
 "type", "param", "code"}}``, unknown routes, oversized bodies and internal failures included; an
 internal failure's own text is logged, never sent.
 
+A vision-language model served with its processor takes images in chat messages, as OpenAI's
+``image_url`` parts holding data URLs (``lookahead.api``, ``lookahead.images``), up to
+``max_images`` a request of ``max_image_pixels`` each.
+
 The event loop only moves bytes: a body is read up to ``max_body_bytes`` (413 past it), then
-decoded, checked and tokenized on a worker thread. ``/health`` answers 503 once the engine
-thread has died or stalled (:meth:`Service.health`).
+decoded, checked and tokenized (its images decoded and processed) on a worker thread.
+``/health`` answers 503 once the engine thread has died or stalled (:meth:`Service.health`).
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from . import responses
-from .api import ApiError, ParsedRequest, SamplingDefaults, decode_body, parse_request
+from .api import ApiError, ImageInputs, ParsedRequest, SamplingDefaults, decode_body, parse_request
+from .images import DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_IMAGES
+from .media import takes_images
 from .metrics import Metrics
 from .service import QueueFullError, Service, ShuttingDownError
 from .service import Request as GenRequest
@@ -56,6 +62,8 @@ class ServerSettings:
     sampling: SamplingDefaults | None = None
     max_body_bytes: int = MAX_BODY_BYTES
     drain_timeout: float | None = None  # at shutdown, seconds the engine finishes requests in flight
+    max_images: int = DEFAULT_MAX_IMAGES  # per chat request, on a vision-language model
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS  # per image, checked before it is decoded
 
     def __post_init__(self) -> None:
         self.api_keys = tuple(self.api_keys)
@@ -65,11 +73,16 @@ class ServerSettings:
             raise ValueError(f"pool_scope must be one of {POOL_SCOPES}, got {self.pool_scope!r}")
         if self.max_body_bytes < 1:
             raise ValueError(f"max_body_bytes must be at least 1, got {self.max_body_bytes}")
+        if self.max_images < 1 or self.max_image_pixels < 1:
+            raise ValueError(f"max_images and max_image_pixels must be at least 1, got {self.max_images} "
+                             f"and {self.max_image_pixels}")  # fmt: skip
 
 
-def create_app(service: Service, tokenizer, settings: ServerSettings, metrics: Metrics) -> FastAPI:
-    """The FastAPI application; ``service`` runs the engine (its thread is stopped on shutdown)."""
-    routes = _Routes(service, tokenizer, settings, metrics)
+def create_app(service: Service, tokenizer, settings: ServerSettings, metrics: Metrics, processor=None) -> FastAPI:
+    """The FastAPI application; ``service`` runs the engine (its thread is stopped on shutdown).
+    ``processor``: a vision-language model's (``lookahead.models.load_processor``), with which its
+    chat requests may carry images; None: requests with images are refused."""
+    routes = _Routes(service, tokenizer, settings, metrics, processor)
     app = FastAPI(title="lookahead", lifespan=routes.lifespan)
     app.state.sampling_defaults = routes.sampling
     app.add_exception_handler(ApiError, routes.api_error)
@@ -87,7 +100,7 @@ def create_app(service: Service, tokenizer, settings: ServerSettings, metrics: M
 class _Routes:
     """The server's state and its route handlers."""
 
-    def __init__(self, service: Service, tokenizer, settings: ServerSettings, metrics: Metrics) -> None:
+    def __init__(self, service: Service, tokenizer, settings: ServerSettings, metrics: Metrics, processor=None) -> None:
         if settings.pool_scope == "key" and not getattr(service, "pool_scopes", False):
             raise ValueError("pool_scope 'key' needs a Service(..., pool_scopes=True)")
         self.service, self.tokenizer, self.settings, self.metrics = service, tokenizer, settings, metrics
@@ -98,6 +111,12 @@ class _Routes:
         self.vocab_size = min(len(tokenizer), service.model.get_input_embeddings().num_embeddings)
         self.max_token_chars = _max_token_chars(tokenizer)
         self.key_digests = [_digest(key) for key in settings.api_keys]
+        self.images = None  # what reads a request's images; None: the model takes none
+        if processor is not None and takes_images(service.model):
+            self.images = ImageInputs(processor, settings.max_images, settings.max_image_pixels)
+        elif processor is not None:
+            logger.warning("a processor was given, but %s reads no images: requests with images are refused",
+                           type(service.model).__name__)  # fmt: skip
         self.served = Model(id=settings.model_name, created=0, object="model", owned_by="lookahead")
 
     @contextlib.asynccontextmanager
@@ -171,6 +190,7 @@ class _Routes:
         gen = GenRequest(
             prompt_ids=parsed.prompt_ids, max_tokens=parsed.max_tokens, temperature=parsed.temperature,
             top_p=parsed.top_p, top_k=parsed.top_k, seed=parsed.seed, lookahead=parsed.lookahead, pool_scope=scope,
+            media=parsed.media,
         )  # fmt: skip
         try:
             self.service.submit(gen)
@@ -208,12 +228,13 @@ class _Routes:
         return bytes(body)
 
     def parse(self, raw: bytes, chat: bool) -> ParsedRequest:
-        """Decode and check a body, tokenizing its prompt (on a worker thread)."""
+        """Decode and check a body, tokenizing its prompt and processing its images (on a worker thread)."""
         body = decode_body(raw)
         try:
             return parse_request(
                 body, chat, self.settings.model_name, self.tokenizer, self.max_positions,
                 self.settings.default_max_tokens, self.vocab_size, self.sampling, max_token_chars=self.max_token_chars,
+                images=self.images,
             )  # fmt: skip
         except RecursionError as err:  # a value nested hundreds deep, compared with a neutral one
             raise ApiError(400, "the body nests arrays or objects too deeply: flatten it") from err
