@@ -100,6 +100,14 @@ class MediaPrefill:
         inputs = {k: v for k, v in model_kwargs.items() if k in IMAGE_INPUTS and v is not None}
         return cls(input_ids, model_kwargs.get("attention_mask"), model_kwargs.get("position_ids"), inputs)
 
+    @classmethod
+    def from_inputs(cls, model, inputs: dict) -> MediaPrefill:
+        """The prefill ``model.generate(**inputs)`` would run (``inputs``: a processor's output
+        for one request), prepared by generate itself: it encodes the images and computes the
+        positions, then hands them to a ``custom_generate`` that keeps them (a server admits
+        requests one at a time this way)."""
+        return model.generate(**inputs, max_new_tokens=1, do_sample=False, custom_generate=_keep_prefill)
+
     def run(self, model, cache, keep_logits: bool) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
         """Fill ``cache`` as generate's prefill does -> (last logits [B, V], the rows' position
         shift [B, axes] (None: none), whether positions go as [axes, B, L])."""
@@ -146,3 +154,10 @@ def shifted(positions: torch.Tensor, shift: torch.Tensor | None, stacked: bool) 
         return positions
     moved = positions[None] + shift.T.to(positions.device)[:, :, None]  # [axes, B, L]
     return moved if stacked else moved[0]
+
+
+def _keep_prefill(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
+                  streamer=None, **model_kwargs) -> MediaPrefill:  # fmt: skip
+    """A ``custom_generate`` that runs nothing: it returns the prefill generate prepared."""
+    check_media_inputs(model, model_kwargs)
+    return MediaPrefill.from_call(model, input_ids, model_kwargs)
