@@ -144,8 +144,8 @@ def _inject(monkeypatch, stage: str, doomed: int) -> None:
 
     if stage == "prefill":
         prefill = DecoderRunner.prefill
-        monkeypatch.setattr(DecoderRunner, "prefill", lambda self, prompts: (
-            fail() if any(len(p) == doomed for p in prompts) else prefill(self, prompts)))  # fmt: skip
+        monkeypatch.setattr(DecoderRunner, "prefill", lambda self, prompts, media=None: (
+            fail() if any(len(p) == doomed for p in prompts) else prefill(self, prompts, media)))  # fmt: skip
     elif stage == "chunk":  # the first chunk goes in; the next fails
         extend = DecoderRunner.extend
         monkeypatch.setattr(DecoderRunner, "extend", lambda self, tokens: (
