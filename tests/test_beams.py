@@ -180,3 +180,28 @@ def test_smollm2_humaneval_ten_prompts(smollm2):
         passes += 1 + lookahead.last_beam_stats.steps
         depths += lookahead.last_beam_stats.depths
     assert passes < depths, (passes, depths)
+
+
+def _probe_gaps(pricing, depths) -> list[int]:
+    """Plain steps before each drafted probe, when the probes gain ``depths`` in turn."""
+    gaps, plain = [], 0
+    for depth in depths:
+        while not pricing.drafts(13):
+            plain += 1
+        gaps.append(plain)
+        plain = 0
+        pricing.record(depth)
+    return gaps
+
+
+def test_probes_back_off_while_they_gain_nothing_and_come_back_when_one_does():
+    """Drafting that costs more than it gains (a ratio of 10) stops, but for probes: each probe
+    that gains no depth doubles the wait before the next, up to PROBE_MOST plain steps, and one
+    that gains depths sets it back to PROBE_EVERY."""
+    from lookahead.beams import PROBE_EVERY, PROBE_MOST, DraftPricing
+
+    pricing = DraftPricing(lambda tokens: 10.0)
+    pricing.gain = 1.0  # seen already: drafting does not pay
+    gaps = _probe_gaps(pricing, [1, 1, 1, 1, 1, 3, 1])
+    assert gaps == [PROBE_EVERY - 1, 2 * PROBE_EVERY - 1, 4 * PROBE_EVERY - 1, PROBE_MOST - 1, PROBE_MOST - 1,
+                    PROBE_MOST - 1, PROBE_EVERY - 1]  # fmt: skip

@@ -60,7 +60,8 @@ _KEEP_AT_MOST_ZERO = {
     "PrefixConstrainedLogitsProcessor", "LogitNormalization",
 }  # fmt: skip
 HINTS = 2  # a beam's likeliest next tokens drafted first, where the last pass computed them
-PROBE_EVERY = 8  # plain steps between two drafted probes while drafting does not pay
+PROBE_EVERY = 8  # plain steps before the first drafted probe while drafting does not pay
+PROBE_MOST = 64  # the longest wait: each probe that gains no depth doubles it up to here
 MARGIN = 1.05  # drafting must beat its cost by this much
 
 
@@ -78,21 +79,29 @@ class BeamStats:
 
 class DraftPricing:
     """Whether the next step drafts: when the depths a drafted step has gained on average (one
-    for a plain step) beat its cost relative to a plain step, ``ratio(tokens per row)``."""
+    for a plain step) beat its cost relative to a plain step, ``ratio(tokens per row)``. While
+    they do not, a drafted probe runs after ``wait`` plain steps; a probe that gains no depth
+    doubles the wait (text that beams cannot draft, such as prose, stops paying for probes), one
+    that does sets it back."""
 
     def __init__(self, ratio: Callable[[int], float]) -> None:
         self.ratio = ratio
         self.gain = 2.0  # a drafted step's mean depths, optimistic until seen
         self.plain_run = 0
+        self.wait = PROBE_EVERY
 
     def drafts(self, row_tokens: int) -> bool:
         if self.gain >= self.ratio(row_tokens) * MARGIN:
             return True
         self.plain_run += 1
-        return self.plain_run % PROBE_EVERY == 0
+        if self.plain_run < self.wait:
+            return False
+        self.plain_run = 0
+        return True
 
     def record(self, depth: int) -> None:
         self.gain = 0.7 * self.gain + 0.3 * depth
+        self.wait = min(2 * self.wait, PROBE_MOST) if depth <= 1 else PROBE_EVERY
 
 
 @dataclass(frozen=True)
