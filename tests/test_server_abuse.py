@@ -22,7 +22,7 @@ import time
 import httpx
 import openai
 import pytest
-import uvicorn
+from threaded_uvicorn import ThreadedUvicorn
 from tiny_models import char_tokenizer, repetitive_prompt, tiny_model
 
 from lookahead.config import LookaheadConfig
@@ -81,14 +81,8 @@ class LocalServer:
         app = create_app(self.service, FaultyTokenizer(), settings, self.metrics)
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_config=None, timeout_graceful_shutdown=5)
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, name="test-uvicorn", daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert self.server.started, "uvicorn did not start in 30 s"
+        self.uvicorn = ThreadedUvicorn(app, self.port)
+        self.server = self.uvicorn.server
 
     def errors(self, status: int) -> float:
         text = httpx.get(f"{self.url}/metrics", timeout=10).text
@@ -104,9 +98,7 @@ class LocalServer:
         return quiet >= 3
 
     def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
-        assert not self.thread.is_alive()
+        self.uvicorn.stop()
 
 
 @pytest.fixture(scope="module")

@@ -19,15 +19,13 @@ import base64
 import copy
 import io
 import struct
-import threading
-import time
 import zlib
 
 import httpx
 import openai
 import pytest
-import uvicorn
 from test_server import Server, _free_port
+from threaded_uvicorn import ThreadedUvicorn
 from tiny_models import char_tokenizer, tiny_model
 from tiny_vlms import PLACEHOLDERS, image, tiny_vlm
 
@@ -113,19 +111,11 @@ class InProcessServer:
         app = create_app(self.service, tokenizer, settings, self.metrics, processor=processor)
         port = _free_port()
         self.url = f"http://127.0.0.1:{port}"
-        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, timeout_graceful_shutdown=5)
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, name="test-uvicorn", daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert self.server.started, "uvicorn did not start in 30 s"
+        self.uvicorn = ThreadedUvicorn(app, port)
+        self.server = self.uvicorn.server
 
     def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
-        assert not self.thread.is_alive()
+        self.uvicorn.stop()
 
 
 @pytest.fixture(scope="module")

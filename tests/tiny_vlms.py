@@ -22,7 +22,7 @@ import string
 
 import numpy as np
 import torch
-from tiny_models import SHARED
+from tiny_models import CONFIGS, SHARED
 
 PAD, BOS, EOS = 0, 1, 2
 SPECIAL_TOKENS = (
@@ -85,18 +85,8 @@ def vlm_tokenizer(add_bos: bool = True, **named_tokens: str):
     )
 
 
-TEXT = dict(
-    vocab_size=VOCAB,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=512,
-    bos_token_id=BOS,
-    eos_token_id=EOS,
-    pad_token_id=PAD,
-)
+# the tiny llama of tiny_models (2 layers, 64 wide) over this vocabulary
+TEXT = dict(CONFIGS["llama"], vocab_size=VOCAB, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD)
 VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=IMAGE_SIZE)
 PATCH = 8  # 32 px images: 4 x 4 patches
 
