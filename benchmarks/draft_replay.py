@@ -116,7 +116,7 @@ class Oracle:
         def after(text: list[int], position: int) -> int:
             return text[position + 1] if position + 1 < len(text) else 0
 
-        def prefill(runner, prompts):
+        def prefill(runner, prompts, media=None):  # text prompts only
             runner.n_cached = [len(p) for p in prompts]
             runner.replay_columns = max(len(p) for p in prompts)
             runner.texts = [oracle.texts[tuple(p)] for p in prompts]

@@ -259,7 +259,7 @@ class BeamSearch:
     def run(self, prompts: Sequence[Sequence[int]], sources: Sequence[Sequence[int]] = (), media=None) -> None:
         """Prefill, then steps until beam search is over. ``sources``: per item, more text to draft
         from (an encoder-decoder model's input); ``media``: a VLM's prefill."""
-        self.advance(self.runner.prefill(prompts, media) if media is not None else self.runner.prefill(prompts))
+        self.advance(self.runner.prefill(prompts, media))
         self.runner.reorder(self.state.parents())
         self.stats.depths = 1
         for item in range(self.state.batch):

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from . import models
+from .images import DEFAULT_MAX_IMAGE_PIXELS
 from .quantization import SCHEMES
 
 EXIT_USAGE = 2
@@ -182,7 +183,7 @@ def _add_serve_access(parser) -> None:
     parser.add_argument(
         "--max-image-pixels",
         type=int,
-        default=4096 * 4096,
+        default=DEFAULT_MAX_IMAGE_PIXELS,
         metavar="N",
         help="a vision-language model's images past this many pixels are refused with 400, before they are "
         "decoded (default: %(default)s)",

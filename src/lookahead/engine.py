@@ -106,9 +106,7 @@ class Engine:
             self.stats.prefill_seconds += time.perf_counter() - start
             return self.join(seqs, newcomers, logits)
         try:
-            if media is not None and self.runner.aligned:
-                raise ValueError("encoder-decoder models take no images")
-            logits = self.runner.prefill(prompts, media) if media is not None else self.runner.prefill(prompts)
+            logits = self.runner.prefill(prompts, media)  # [b, V]: a batch starting anew
         except Exception as err:
             raise AdmissionError(f"prefilling the prompts failed: {err}") from err
         self.stats.prefill_seconds += time.perf_counter() - start

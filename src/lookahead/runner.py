@@ -233,8 +233,7 @@ class DecoderRunner:
         longest = max(len(p) for p in prompts)
         pads = [longest - len(p) for p in prompts]
         ids = _send([[p[0]] * pad + list(p) for p, pad in zip(prompts, pads, strict=True)], device)
-        key_pos = torch.stack([torch.arange(longest) - pad for pad in pads])  # [B, S] (host)
-        key_pos[key_pos < 0] = -1
+        key_pos = _left_padded_positions(pads, longest)
         self.cache = DynamicCache()  # a batch starting anew (the first, or after every sequence left)
         self.slab = self._empty_slab(len(prompts), longest)
         if self.slab is not None:  # the prefill writes straight into it
@@ -262,8 +261,7 @@ class DecoderRunner:
         without padding) -> last logits [B, V]; steps then add the position shift it reports."""
         width = media.input_ids.shape[1]
         pads = [width - len(p) for p in prompts]
-        key_pos = torch.stack([torch.arange(width) - pad for pad in pads])  # [B, S] (host)
-        key_pos[key_pos < 0] = -1
+        key_pos = _left_padded_positions(pads, width)
         self.cache, self.slab = DynamicCache(), None
         logits, self.shift, self.stacked = media.run(self.model, self.cache, self.spec.keeps_logits)
         self.key_pos, self.trim, self.trimmed, self.holes = key_pos, 0, False, any(pads)
@@ -520,6 +518,13 @@ class DecoderRunner:
         self._trim_sliding()
 
 
+def _left_padded_positions(pads: Sequence[int], width: int) -> torch.Tensor:
+    """[B, width] (host) each column's position in rows left-padded by ``pads``, -1 for a pad."""
+    key_pos = torch.stack([torch.arange(width) - pad for pad in pads])
+    key_pos[key_pos < 0] = -1
+    return key_pos
+
+
 def _stacked_shifts(mine: DecoderRunner, theirs: DecoderRunner) -> tuple[torch.Tensor | None, bool]:
     """The position shifts of two batches stacked (a batch without any counts as shifted by 0):
     both of one model, whose positions are stacked or not alike."""
@@ -556,8 +561,11 @@ class Seq2SeqRunner:
             use_cache=True,
         ).logits
 
-    def prefill(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
-        """Run the decoder prompts (all the same length) -> last logits [B, V]."""
+    def prefill(self, prompts: Sequence[Sequence[int]], media: MediaPrefill | None = None) -> torch.Tensor:
+        """Run the decoder prompts (all the same length) -> last logits [B, V]. ``media`` is
+        refused: encoder-decoder models take no images here."""
+        if media is not None:
+            raise ValueError("encoder-decoder models take no images")
         if len({len(p) for p in prompts}) != 1:
             raise ValueError("encoder-decoder sequences need decoder prompts of one length (no decoder padding)")
         return self._forward(torch.tensor([list(p) for p in prompts], device=self.device))[:, -1]
