@@ -114,7 +114,11 @@ def test_state_follows_requests_through_reordered_and_condensed_rows():
     # one request's text index and learnt rates into another's drafts.
     def run(order):
         proposer, clock = make(shared_pool=False)
-        batch = Batch(proposer, clock, cost=lambda rows, drafted: 0.01 * rows, order=order)
+        # a step costs the same whatever its size, and every size is timed already: a row's draft
+        # then prices the same wherever the row sits (the rows before it drafting more or less)
+        proposer.costs.observe(1, 0, 0.05)
+        proposer.costs.observe(5, 25, 0.05)
+        batch = Batch(proposer, clock, cost=lambda rows, drafted: 0.05, order=order)
         requests = [batch.add(periodic(s, 7 + s, 60 + 25 * s, range(100 * s, 100 * s + 50)), 12) for s in range(5)]
         batch.run()
         return [r["drafts"] for r in requests], batch.steps
@@ -240,17 +244,41 @@ def test_a_failing_row_drafts_nothing_and_is_logged_once(monkeypatch, caplog):
 def test_step_costs_interpolate_and_extrapolate():
     costs = StepCosts()
     assert costs.seconds(1, 0) is None  # nothing timed
-    costs.observe(1, 4, 0.02)
-    assert costs.seconds(1, 0) is None  # no plain step timed at this batch size: unknown
     costs.observe(1, 0, 0.01)
-    assert costs.seconds(1, 2) == pytest.approx(0.015)  # linear between timed points
-    assert costs.seconds(1, 8) == pytest.approx(0.03)  # beyond: the last two points' slope
-    assert costs.seconds(3, 2) == pytest.approx(0.015)  # an untimed batch size: the nearest timed one
-    costs.observe(2, 0, 0.02)
-    assert costs.seconds(2, 6) == pytest.approx(0.02)  # one timed point: flat
+    assert costs.seconds(1, 1) == pytest.approx(0.01)  # one timed size: flat, up to twice its tokens
+    assert costs.seconds(1, 2) is None  # further than that is not guessed
+    costs.observe(1, 1, 0.02)  # 2 tokens
+    costs.observe(2, 2, 0.04)  # 4 tokens, and timed as any other step of 4 tokens
+    assert costs.seconds(3, 0) == pytest.approx(0.03)  # linear between timed sizes
+    assert costs.seconds(2, 4) == pytest.approx(0.06)  # beyond: the last two sizes' slope, up to 8
+    assert costs.seconds(2, 7) is None
+    for _ in range(4):
+        costs.observe(3, 0, 0.05)  # 3 tokens timed dearer than 4: pooled with 4, never falling
+    assert costs.seconds(3, 0) == costs.seconds(4, 0) == pytest.approx((4 * 0.05 + 0.04) / 5)
     for _ in range(costs.max_age):
-        costs.observe(3, 0, 0.03)
-    assert costs.seconds(1, 2) == pytest.approx(0.03)  # batch size 1's timings aged out: the nearest's
+        costs.observe(16, 0, 0.3)
+    assert costs.seconds(1, 0) == pytest.approx(0.3)  # the small sizes aged out: flat below the smallest
+    assert costs.seconds(16, 16) == pytest.approx(0.3) and costs.seconds(16, 17) is None
+
+
+def test_a_drafted_step_explores_at_most_a_doubling():
+    # drafted tokens nearly free: a lone request's drafts grow a doubling of the step at a time
+    proposer, clock = make(max_draft=7, shared_pool=False)
+    batch = Batch(proposer, clock, cost=lambda rows, drafted: 0.02 + 1e-5 * (rows + drafted))
+    request = batch.add([5, 6, 7, 8] * 60, 16)
+    for _ in range(8):
+        batch.step()
+    steps = [1 + len(d) for d in request["drafts"]]
+    assert steps[:4] == [1, 2, 4, 8], steps
+    # a batch of 16 rows, a drafted token as dear as a row: it never drafts past one doubling, and
+    # after the step that timed it, nothing
+    proposer, clock = make(max_draft=7, shared_pool=False)
+    batch = Batch(proposer, clock, cost=lambda rows, drafted: 0.01 * (rows + drafted))
+    requests = [batch.add([100 * s + i % 4 for i in range(240)], 16) for s in range(16)]
+    for _ in range(30):
+        batch.step()
+    per_step = [sum(len(r["drafts"][i]) for r in requests) for i in range(30)]
+    assert max(per_step) <= 16 and sum(per_step[5:]) == 0, per_step
 
 
 # -- engine-free: the vLLM edge ------------------------------------------------------------------

@@ -21,21 +21,24 @@ and each takes one of the states stored under it (they are interchangeable).
 **What a draft costs.** The engine's own step time, learnt online (:class:`StepCosts`): the time
 from the end of one call to the start of the next is the engine's step over the rows of the
 second call, each verifying 1 + the draft proposed for it, when every row continues a row of the
-first call (a new request's prefill would make it another step). It is kept by (rows, drafted
-tokens). A row's draft of k tokens makes the step cost T(rows, d + k) instead of T(rows, d),
-where d is what the rows before it drafted, and it delays every row's tokens: it pays when the
-tokens it is expected to add exceed the batch's expected tokens times the step's relative slowdown.
-The drafter gets that as its cost curve: c(1 + k) = T(d) + w (T(d + k) - T(d)), with w the tokens
-the batch emits per step (1 for a lone request, where c is T itself). So a batch that fills drafts
-less, and no draft runs where the measured costs say it would not pay.
+first call (a new request's prefill would make it another step). It is kept by the tokens the step
+verified, rows + drafted tokens: a row and a drafted token each add one position to the step, so
+plain steps at 16 rows and a lone request's 15-token draft time the same point, and every step
+the batch takes teaches the one curve. A row's draft of k tokens makes the step cost T(n + k)
+instead of T(n), where n is the rows plus what the rows before it drafted, and it delays every
+row's tokens: it pays when the tokens it is expected to add exceed the batch's expected tokens
+times the step's relative slowdown. The drafter gets that as its cost curve: c(1 + k) = T(n) +
+w (T(n + k) - T(n)), with w the tokens the batch emits per step (1 for a lone request, where c is
+T itself). So a batch that fills drafts less, and no draft runs where the measured costs say it
+would not pay.
 
-Exploring: at a batch size whose plain step (no draft) was never timed, nothing is drafted, so the
-next step times it. Drafts longer than any timed are taken to cost no more than the dearest timed
-one (a flat extrapolation, until two timed points give a slope): so the first draft at a batch
-size is as long as the evidence allows, and its step times what drafting costs there; between
-timed points the cost is linear, an overestimate on a curve that bends upwards, refined as drafts
-of those lengths are timed. A timing is forgotten after ``StepCosts.max_age`` steps without a new
-one, so a cost timed in a slow spell is timed again.
+Exploring: nothing is drafted until a step was timed. Beyond the largest step timed, n_max, costs
+follow the slope of the last two timed sizes (flat with one), but only up to 2 n_max; a draft
+that would take the step further is priced out. So drafting explores at most a doubling of the
+step at a time (a lone request on a machine where extra tokens are nearly free reaches 8 tokens in
+three steps), and one step of a new batch size costs at most twice a known one. A size's timing is
+forgotten after ``StepCosts.max_age`` steps without a new one, so a cost timed in a slow spell is
+timed again.
 
 Why online and not a calibration in ``load_model``: vLLM's forward pass needs its scheduler's
 metadata (attention, slots), which a proposer cannot build; and the time between calls is the
@@ -95,66 +98,78 @@ class ProposerOptions:
 
 
 class StepCosts:
-    """The engine's seconds per step by rows and drafted tokens (one cell per pair), learnt from
-    observed steps: a cell's estimate is the median of its last ``keep`` observations, and a cell
-    unobserved for ``max_age`` steps is forgotten. Between cells of one row count, seconds are
-    linear in the drafted tokens, never falling; beyond the last, they follow the slope of the last
-    two cells (flat with one). A row count never observed borrows the nearest observed one's."""
+    """The engine's seconds per step by the tokens it verifies (rows + drafted tokens: a row and a
+    drafted token cost alike, each one position of the step), learnt from observed steps. A token
+    count's estimate is the median of its last ``keep`` observations, forgotten once unobserved for
+    ``max_age`` steps; across token counts the estimates are made non-decreasing (pooled where a
+    larger count timed cheaper) and linear between them. Beyond the largest count timed, n_max, they
+    follow the slope of the last two (flat with one), up to ``explore`` x n_max; further than that a
+    step is unknown. So drafting explores step sizes a doubling at a time, and every size the batch
+    reaches plain is timed by its plain steps."""
 
-    def __init__(self, keep: int = 9, max_age: int = 512) -> None:
-        self.keep, self.max_age = keep, max_age
-        self._cells: dict[int, dict[int, tuple[deque, int]]] = {}  # rows -> drafted -> (seconds, last step)
-        self._estimates: dict[int, list[tuple[int, float]]] = {}  # rows -> points, until the next observation
+    def __init__(self, keep: int = 9, max_age: int = 512, explore: float = 2.0) -> None:
+        self.keep, self.max_age, self.explore = keep, max_age, explore
+        self._cells: dict[int, tuple[deque, int]] = {}  # tokens -> (seconds, last step)
+        self._points: list[tuple[int, float]] | None = None  # the fitted points, until the next observation
         self.steps = 0
 
     def observe(self, rows: int, drafted: int, seconds: float) -> None:
         self.steps += 1
-        self._estimates.clear()
-        cells = self._cells.setdefault(rows, {})
-        recent = cells[drafted][0] if drafted in cells else deque(maxlen=self.keep)
+        self._points = None
+        tokens = rows + drafted
+        recent = self._cells[tokens][0] if tokens in self._cells else deque(maxlen=self.keep)
         recent.append(seconds)
-        cells[drafted] = (recent, self.steps)
+        self._cells[tokens] = (recent, self.steps)
 
-    def _points(self, rows: int) -> list[tuple[int, float]]:
-        if rows not in self._estimates:
-            self._estimates[rows] = self._fresh_points(rows)
-        return self._estimates[rows]
-
-    def _fresh_points(self, rows: int) -> list[tuple[int, float]]:
-        cells = self._cells.get(rows, {})
-        fresh = sorted((d, statistics.median(s)) for d, (s, last) in cells.items() if self.steps - last < self.max_age)
-        points, floor = [], 0.0
-        for drafted, seconds in fresh:
-            floor = max(floor, seconds)
-            points.append((drafted, floor))
-        return points
+    def points(self) -> list[tuple[int, float]]:
+        """(tokens, seconds) of the fresh cells, seconds made non-decreasing by pooling neighbours
+        (pool-adjacent-violators, each cell weighted by its observations)."""
+        if self._points is None:
+            for tokens in [t for t, (_, last) in self._cells.items() if self.steps - last >= self.max_age]:
+                del self._cells[tokens]
+            blocks: list[list] = []  # [observations, mean seconds, token counts of the block]
+            for tokens in sorted(self._cells):
+                recent = self._cells[tokens][0]
+                blocks.append([len(recent), statistics.median(recent), [tokens]])
+                while len(blocks) > 1 and blocks[-2][1] > blocks[-1][1]:
+                    (w1, s1, t1), (w2, s2, t2) = blocks.pop(-2), blocks.pop()
+                    blocks.append([w1 + w2, (w1 * s1 + w2 * s2) / (w1 + w2), t1 + t2])
+            self._points = [(t, s) for _, s, members in blocks for t in members]
+        return self._points
 
     def seconds(self, rows: int, drafted: int) -> float | None:
         """Estimated seconds of a step over ``rows`` rows verifying ``drafted`` draft tokens in all;
-        None where no plain step (nothing drafted) was observed at this row count, or, where this
-        row count was never observed, at the nearest one that was."""
-        nearest = sorted(self._cells, key=lambda r: (abs(r - rows), r))
-        points = next((p for p in map(self._points, nearest) if p), None)
-        if not points or points[0][0] != 0:
+        None where nothing was timed, or where it is more than ``explore`` x the largest step
+        timed."""
+        points, tokens = self.points(), rows + drafted
+        if not points or tokens > self.explore * points[-1][0]:
             return None
+        if tokens <= points[0][0]:
+            return points[0][1]
         for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
-            if drafted <= x1:
-                return y0 + (y1 - y0) * (drafted - x0) / (x1 - x0)
+            if tokens <= x1:
+                return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
         if len(points) == 1:
             return points[0][1]
         (x0, y0), (x1, y1) = points[-2:]
-        return y1 + (y1 - y0) * (drafted - x1) / (x1 - x0)
+        return y1 + (y1 - y0) * (tokens - x1) / (x1 - x0)
 
     def curve(self, rows: int, drafted: int, weight: float, max_draft: int) -> CostCurve:
         """The cost curve a row's drafter prices its draft with (see the module docstring): point
-        1 + k is T(rows, drafted) + ``weight`` x the extra seconds its k tokens add to the step.
-        Where the plain step's cost is unknown, a curve on which nothing pays: the step then runs
-        plain, and measures it."""
+        1 + k is T(rows + drafted) + ``weight`` x the extra seconds its k tokens add to the step.
+        Where the step without this row's draft is unknown, a curve on which nothing pays (the step
+        then runs, and is timed); a draft longer than the known steps allow is priced out."""
         base = self.seconds(rows, drafted)
         if base is None or base <= 0:
             return NO_DRAFT
-        extra = [self.seconds(rows, drafted + k) - base for k in range(max_draft + 1)]
-        return CostCurve(tuple((1 + k, base + weight * max(0.0, e)) for k, e in enumerate(extra)))
+        points = [(1, base)]
+        for k in range(1, max_draft + 1):
+            seconds = self.seconds(rows, drafted + k)
+            if seconds is None:
+                break
+            points.append((1 + k, base + weight * max(0.0, seconds - base)))
+        points.append((points[-1][0] + 1, 1e9))  # one token further than known: never pays
+        return CostCurve(tuple(points))
 
 
 NO_DRAFT = CostCurve(((1, 1.0), (2, 1e9)))  # a curve on which no draft pays
