@@ -186,6 +186,24 @@ def test_a_filling_batch_drafts_less():
     assert full < alone / 2
 
 
+def test_a_batch_s_rows_share_one_probe_budget():
+    # each row's probes are priced at the batch's weight, so per-row budgets would let the batch's
+    # probes take the whole budget of every step; the rows split it instead (docs in proposer.py)
+    proposer, clock = make(shared_pool=False)
+    batch = Batch(proposer, clock, cost=cheap)
+    requests = [batch.add(periodic(30 + s, 8, 200, range(100 * s, 100 * s + 100)), 16) for s in range(8)]
+    for _ in range(3):
+        batch.step()
+    drafters = [state.drafter for states in proposer._requests.values() for state in states]
+    assert len(drafters) == len(requests)
+    assert all(d.probe_overhead == pytest.approx(proposer_module.PROBE_BUDGET / 8) for d in drafters)
+    while len(batch.rows) > 1:
+        batch.rows.pop()
+    batch.step()
+    (alone,) = [st.drafter for states in proposer._requests.values() for st in states if st.seen == proposer._calls]
+    assert alone.probe_overhead == pytest.approx(proposer_module.PROBE_BUDGET)
+
+
 def test_drafts_stop_at_max_model_len():
     # vLLM verifies no position at or past max_model_len (its scheduler cuts a draft there): a
     # request n tokens long gets at most max_model_len - n - 1 draft tokens, none at the limit
