@@ -47,8 +47,8 @@ rows together about the whole share, every step. But the rows' drafters rate the
 evidence (a new request starts from the rates of the last one), so the batch needs about as many
 probes per step as one request: each row gets ``PROBE_BUDGET`` divided by the rows. Measured on an
 AVX2-only CPU at 16 clients, where a drafted token costs a row (docs/journal.md): per-row budgets
-of 10% cost 8-10% of the throughput; with probes spaced 50 times further apart, the proposer
-served 1.05x no speculation.
+of 10% cost 8-10% of the throughput; with the budget split, one 16-client MT-bench run served
+1.01x no speculation (it was 0.90x).
 
 Why online and not a calibration in ``load_model``: vLLM's forward pass needs its scheduler's
 metadata (attention, slots), which a proposer cannot build; and the time between calls is the
@@ -155,15 +155,9 @@ class StepCosts:
         points, tokens = self.points(), rows + drafted
         if not points or tokens > self.explore * points[-1][0]:
             return None
-        if tokens <= points[0][0]:
-            return points[0][1]
-        for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
-            if tokens <= x1:
-                return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
         if len(points) == 1:
             return points[0][1]
-        (x0, y0), (x1, y1) = points[-2:]
-        return y1 + (y1 - y0) * (tokens - x1) / (x1 - x0)
+        return CostCurve(tuple(points))(tokens)  # linear between points, the last slope beyond
 
     def curve(self, rows: int, drafted: int, weight: float, max_draft: int) -> CostCurve:
         """The cost curve a row's drafter prices its draft with (see the module docstring): point
