@@ -200,8 +200,22 @@ def test_probes_back_off_while_they_gain_nothing_and_come_back_when_one_does():
     that gains depths sets it back to PROBE_EVERY."""
     from lookahead.beams import PROBE_EVERY, PROBE_MOST, DraftPricing
 
-    pricing = DraftPricing(lambda tokens: 10.0)
+    pricing = DraftPricing(lambda tokens: 1.3)  # cheap enough that the back-off alone spaces probes
     pricing.gain = 1.0  # seen already: drafting does not pay
-    gaps = _probe_gaps(pricing, [1, 1, 1, 1, 1, 3, 1])
+    gaps = _probe_gaps(pricing, [1, 1, 1, 1, 1, 2, 1])
     assert gaps == [PROBE_EVERY - 1, 2 * PROBE_EVERY - 1, 4 * PROBE_EVERY - 1, PROBE_MOST - 1, PROBE_MOST - 1,
                     PROBE_MOST - 1, PROBE_EVERY - 1]  # fmt: skip
+
+
+@pytest.mark.parametrize("ratio", [2.0, 5.0, 10.0])
+def test_dear_probes_wait_until_they_cost_at_most_their_share(ratio):
+    """Where a drafted step costs ``ratio`` plain ones, probes that gain nothing, even ones that
+    once gained (which reset the back-off), cost at most PROBE_SHARE of the steps: a probe's extra
+    cost (ratio - 1 plain steps) over the plain steps before it."""
+    from lookahead.beams import PROBE_SHARE, DraftPricing
+
+    pricing = DraftPricing(lambda tokens: ratio)
+    pricing.gain = 1.0
+    gaps = _probe_gaps(pricing, [1, 2, 1, 2, 1, 1])
+    extra = len(gaps) * (ratio - 1)
+    assert extra / (sum(gaps) + len(gaps)) <= PROBE_SHARE + 1e-9, gaps
