@@ -11,7 +11,7 @@ from transformers import GenerationConfig
 
 from lookahead import Lookahead
 from lookahead.beam_state import BeamState
-from lookahead.beams import keeps_scores_at_most_zero
+from lookahead.beams import keeps_scores_at_most_zero, prefill
 
 DRAFTING = dict(window_size=0, ngram_size=4, max_candidates=3, adaptive=False)  # always drafts
 
@@ -69,6 +69,52 @@ def test_padded_batch_of_three(arch):
     ids = torch.stack([torch.cat([torch.zeros(width - len(p), dtype=torch.long), p]) for p in prompts])
     mask = torch.stack([torch.cat([torch.zeros(width - len(p)), torch.ones(len(p))]).long() for p in prompts])
     _compare(model, ids, attention_mask=mask, num_beams=4, max_new_tokens=20, pad_token_id=0)
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "gpt2"])
+def test_each_prompt_is_prefilled_once_for_its_beams(arch):
+    """generate prefills each prompt k times (once per beam); lookahead's beams prefill it once and
+    copy its cache into the k rows, and then find the same beams (the padded batch above)."""
+    model = tiny_model(arch)
+    prompts = [repetitive_prompt(24, seed=s)[0] for s in range(3)]
+    prompts[1] = prompts[1][:11]
+    ids = torch.stack([torch.cat([torch.zeros(24 - len(p), dtype=torch.long), p]) for p in prompts])
+    mask = (torch.arange(24)[None] >= torch.tensor([24 - len(p) for p in prompts])[:, None]).long()
+    kwargs = dict(attention_mask=mask, num_beams=4, max_new_tokens=12, pad_token_id=0)
+    _compare(model, ids, **kwargs)
+    rows = []
+    hook = model.register_forward_pre_hook(lambda _, a, kw: rows.append(kw["input_ids"].shape), with_kwargs=True)
+    try:
+        model.generate(ids, custom_generate=Lookahead(**DRAFTING), **kwargs)
+    finally:
+        hook.remove()
+    assert rows[0] == (3, 24) and {shape[0] for shape in rows[1:]} == {12}, rows
+
+
+class _RecordingRunner:
+    grows_by_reorder = True
+
+    def __init__(self):
+        self.prefilled, self.reordered = [], []
+
+    def prefill(self, prompts, media=None):
+        self.prefilled.append([list(p) for p in prompts])
+        return torch.arange(float(len(prompts)))[:, None].repeat(1, 3)  # row i's logits: all i
+
+    def reorder(self, rows):
+        self.reordered.append(list(rows))
+
+
+def test_prompts_that_differ_within_a_beam_group_are_prefilled_row_by_row():
+    """beams.prefill shares a prompt's prefill only where its k rows hold the same tokens."""
+    runner = _RecordingRunner()
+    logits = prefill(runner, [[1, 2], [1, 2], [3], [3]], 2)
+    assert runner.prefilled == [[[1, 2], [3]]] and runner.reordered == [[0, 0, 1, 1]]
+    assert logits[:, 0].tolist() == [0, 0, 1, 1]
+    runner = _RecordingRunner()
+    logits = prefill(runner, [[1, 2], [1, 2], [3], [4]], 2)
+    assert runner.prefilled == [[[1, 2], [1, 2], [3], [4]]] and runner.reordered == []
+    assert logits[:, 0].tolist() == [0, 1, 2, 3]
 
 
 @pytest.mark.parametrize("early_stopping", [True, False, "never"])

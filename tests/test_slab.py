@@ -16,7 +16,7 @@ from transformers.cache_utils import DynamicLayer
 from lookahead import slab as slab_module
 from lookahead.layout import build_layout
 from lookahead.runner import DecoderRunner
-from lookahead.slab import SlabLayer
+from lookahead.slab import Slab, SlabLayer
 from lookahead.support import check_model
 
 
@@ -131,3 +131,16 @@ def test_a_slab_layer_refuses_what_would_desynchronise_its_slab():
     runner.prefill([[1, 5, 6, 7]])
     with pytest.raises(NotImplementedError, match="Slab.select"):
         runner.cache.batch_select_indices(torch.tensor([0]))
+
+
+def test_a_reorder_to_more_rows_grows_the_slab_with_copies():
+    """Beam search's shared prefill: two prompts' entries copied into five rows, every layer."""
+    slab = Slab.empty(2, 2, 1, 3, 4, torch.float32, "cpu")
+    keys = torch.arange(24.0).view(2, 1, 4, 3)  # [B, H, C, D]
+    for layer in slab.layers:
+        layer.update(keys + 100 * layer.index, -keys)
+    slab.reorder([0, 0, 1, 1, 1])
+    assert slab.batch == 5 and slab.data.shape[1] == 5
+    for layer in slab.layers:
+        torch.testing.assert_close(layer.keys, (keys + 100 * layer.index)[[0, 0, 1, 1, 1]])
+        torch.testing.assert_close(layer.values, -keys[[0, 0, 1, 1, 1]])

@@ -263,7 +263,7 @@ class BeamSearch:
     def run(self, prompts: Sequence[Sequence[int]], sources: Sequence[Sequence[int]] = (), media=None) -> None:
         """Prefill, then steps until beam search is over. ``sources``: per item, more text to draft
         from (an encoder-decoder model's input); ``media``: a VLM's prefill."""
-        self.advance(self.runner.prefill(prompts, media))
+        self.advance(prefill(self.runner, prompts, self.state.num_beams, media))
         self.runner.reorder(self.state.parents())
         self.stats.depths = 1
         for item in range(self.state.batch):
@@ -304,6 +304,22 @@ class BeamSearch:
         if drafted:
             stats.drafted_steps += 1
             self.pricing.record(depth)
+
+
+def prefill(runner, prompts: Sequence[Sequence[int]], k: int, media=None) -> torch.Tensor:
+    """Every beam's prompt in the cache -> the last logits [B * k, V]. The k beams of a prompt
+    start as copies of it (``prompts`` holds each k times, as ``generate`` expands them), and
+    transformers' beam search prefills all k. A decoder-only runner prefills each prompt once and
+    copies its keys and values into the other k - 1 rows: the same entries, for a k-th of the
+    prefill's work (an encoder-decoder model's decoder prompt is one token; a VLM's prefill runs
+    as its ``generate`` runs it)."""
+    firsts = list(prompts[::k])
+    shared = k > 1 and media is None and getattr(runner, "grows_by_reorder", False)
+    if not shared or any(list(p) != list(firsts[row // k]) for row, p in enumerate(prompts)):
+        return runner.prefill(prompts, media)
+    logits = runner.prefill(firsts)  # [B, V]
+    runner.reorder([row // k for row in range(len(prompts))])
+    return logits.repeat_interleave(k, dim=0)
 
 
 def beam_generate(

@@ -194,6 +194,7 @@ class DecoderRunner:
     """Decoder-only models: one DynamicCache, holes masked (see the module docstring)."""
 
     aligned = False  # sequences may commit different numbers of tokens per step
+    grows_by_reorder = True  # reorder() may copy rows into a larger batch (beam search's shared prefill)
 
     def __init__(self, model, spec: ModelTraits, bound_sliding: bool = True, slab: bool = True) -> None:
         self.model, self.spec = model, spec
@@ -483,8 +484,9 @@ class DecoderRunner:
         return layers
 
     def reorder(self, rows: Sequence[int]) -> None:
-        """Row i becomes a copy of row ``rows[i]`` (rows may repeat: beam search's reorder). A slab
-        rewrites only the rows that change (:meth:`lookahead.slab.Slab.reorder`)."""
+        """Row i becomes a copy of row ``rows[i]`` (rows may repeat: beam search's reorder), and the
+        batch has ``len(rows)`` rows: more than before copies prompts into new rows (beam search's
+        shared prefill). A slab rewrites only the rows that change (:meth:`lookahead.slab.Slab.reorder`)."""
         if list(rows) == list(range(len(rows))):
             return
         index = torch.tensor(list(rows))
@@ -541,6 +543,7 @@ class Seq2SeqRunner:
     """Encoder-decoder models: the decoder runs linear steps over aligned sequences."""
 
     aligned = True  # every sequence commits the same number of tokens per step
+    grows_by_reorder = False  # the encoder's outputs come one per beam already
 
     def __init__(self, model, model_kwargs: dict) -> None:
         self.model, self.device = model, model.device  # read once (a property that walks the parameters)

@@ -197,7 +197,11 @@ class Slab:
     def reorder(self, rows: Sequence[int]) -> None:
         """Row j becomes a copy of row ``rows[j]`` (rows may repeat: beam search's reorder), in
         place: only the rows that change are written, from a copy of their sources taken first,
-        every layer at once (where a DynamicCache copies every row of every layer)."""
+        every layer at once (where a DynamicCache copies every row of every layer). The batch then
+        has ``len(rows)`` sequences: more than the tensor holds makes a larger one first."""
+        if len(rows) > self.data.shape[1]:
+            self._reallocate(len(rows), 0, self.capacity - self.start)
+        self.batch = len(rows)
         moved = [j for j, row in enumerate(rows) if row != j]
         if not moved:
             return
