@@ -314,7 +314,7 @@ def prefill(runner, prompts: Sequence[Sequence[int]], k: int, media=None) -> tor
     prefill's work (an encoder-decoder model's decoder prompt is one token; a VLM's prefill runs
     as its ``generate`` runs it)."""
     firsts = list(prompts[::k])
-    shared = k > 1 and media is None and getattr(runner, "grows_by_reorder", False)
+    shared = k > 1 and media is None and runner.grows_by_reorder
     if not shared or any(list(p) != list(firsts[row // k]) for row, p in enumerate(prompts)):
         return runner.prefill(prompts, media)
     logits = runner.prefill(firsts)  # [B, V]

@@ -94,7 +94,7 @@ class SlabLayer(DynamicLayer):
         raise NotImplementedError("select the sequences of a slab with Slab.select (every layer at once)")
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        raise NotImplementedError("a slab's batch changes through Slab.select only")
+        raise NotImplementedError("a slab's batch changes through Slab.select and Slab.reorder only")
 
     def reset(self) -> None:
         raise NotImplementedError("a slab's layers are not reset: hand the cache back (Slab.detach) first")
