@@ -44,6 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import _servers
+import httpx
 import openai
 
 from lookahead import datasets, models
@@ -93,13 +94,50 @@ def request(client: openai.OpenAI, prompt: datasets.Prompt, max_tokens: int) -> 
 
 
 def level(url: str, prompts: list[datasets.Prompt], clients: int, max_tokens: int) -> dict:
-    """``clients`` concurrent clients sending ``prompts`` between them: tokens, seconds, tokens/s."""
+    """``clients`` concurrent clients sending ``prompts`` between them: tokens, seconds, tokens/s,
+    and what the server's speculation did meanwhile (``drafting``)."""
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", timeout=3600, max_retries=0)
+    before = spec_counters(url)
     start_time = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
         tokens = sum(pool.map(lambda p: request(client, p, max_tokens), prompts))
     seconds = time.perf_counter() - start_time
-    return {"tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 2)}
+    result = {"tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 2)}
+    return {**result, **drafting(before, spec_counters(url), tokens)}
+
+
+SPEC_COUNTERS = {  # vLLM's Prometheus counters of speculation (their sum over engines)
+    "vllm:spec_decode_num_drafts_total": "drafts",  # request-steps that verified a draft (non-empty)
+    "vllm:spec_decode_num_draft_tokens_total": "draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens_total": "accepted",
+}
+
+
+def spec_counters(url: str) -> dict[str, float]:
+    """The server's speculation counters now, from its /metrics (zeros without speculation)."""
+    counts = dict.fromkeys(SPEC_COUNTERS.values(), 0.0)
+    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
+        name = line.partition("{")[0].partition(" ")[0]  # "name{labels} value" or "name value"
+        if name in SPEC_COUNTERS:
+            counts[SPEC_COUNTERS[name]] += float(line.rsplit(" ", 1)[-1])
+    return counts
+
+
+def drafting(before: dict, after: dict, tokens: int) -> dict:
+    """What speculation did over a level: drafts (request-steps with a draft), their tokens, those
+    accepted, and per request-step (there are tokens - accepted of them: each emits its accepted
+    tokens and one more) the share that drafted and the draft tokens verified."""
+    drafts, drafted, accepted = (int(after[k] - before[k]) for k in ("drafts", "draft_tokens", "accepted"))
+    steps = max(1, tokens - accepted)
+    return {
+        "drafts": drafts,
+        "draft_tokens": drafted,
+        "accepted": accepted,
+        "drafted_share": round(drafts / steps, 3),
+        "mean_draft": round(drafted / drafts, 2) if drafts else 0.0,
+        "acceptance": round(accepted / drafted, 3) if drafted else 0.0,
+        "tokens_per_step": round(tokens / steps, 3),
+    }
 
 
 def prompts_by_level(args) -> dict[str, list[list[datasets.Prompt]]]:
@@ -157,6 +195,30 @@ def markdown(rows: list[dict], args) -> str:
     return "\n".join(lines) + "\n"
 
 
+def drafting_markdown(rows: list[dict], args) -> str:
+    """Per speculating setup and cell: tokens per request-step, the mean draft (tokens) and the
+    share of request-steps that drafted, and the share of draft tokens accepted."""
+    cells = {(r["setup"], r["dataset"], r["clients"]): r for r in rows if r.get("drafts")}
+    setups = list(dict.fromkeys(s for s, _, _ in cells))
+    if not setups:
+        return ""
+    head = [f"{d} {c}" for d in args.datasets for c in args.clients]
+    lines = ["| setup: tokens/step, mean draft x share drafted, accepted | " + " | ".join(head) + " |"]
+    lines.append("|---" * (len(head) + 1) + "|")
+    for setup in setups:
+        row = []
+        for d in args.datasets:
+            for c in args.clients:
+                r = cells.get((setup, d, c))
+                row.append(_drafting_cell(r) if r else "-")
+        lines.append(f"| {setup} | " + " | ".join(row) + " |")
+    return "\n" + "\n".join(lines) + "\n"
+
+
+def _drafting_cell(r: dict) -> str:
+    return f"{r['tokens_per_step']:.2f}, {r['mean_draft']:.1f} x {r['drafted_share']:.0%}, {r['acceptance']:.0%}"
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2", help="a bundled model (converted once) or a checkpoint folder")
@@ -166,7 +228,7 @@ def main(argv=None) -> None:
     p.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
     p.add_argument("--datasets", nargs="+", default=["humaneval", "mtbench"], choices=["humaneval", "mtbench"])
     p.add_argument("--setups", nargs="+", default=list(SETUPS), choices=SETUPS)
-    p.add_argument("--k", type=int, default=7, help="the most draft tokens per step, lookahead")
+    p.add_argument("--k", type=int, default=16, help="the most draft tokens per step, lookahead")
     p.add_argument("--suffix-k", type=int, help="the most draft tokens per step, suffix (default: vLLM's, 24)")
     p.add_argument("--ngram-default-k", type=int, default=5, help="ngram's draft tokens in the 'ngram' setup")
     p.add_argument(
@@ -199,7 +261,8 @@ def main(argv=None) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=1))
-    table = markdown(rows, args) + "".join(f"\n{s}: left out, {why}.\n" for s, why in skipped.items())
+    table = markdown(rows, args) + drafting_markdown(rows, args)
+    table += "".join(f"\n{s}: left out, {why}.\n" for s, why in skipped.items())
     out.with_suffix(".md").write_text(table)
     print(table)
 
