@@ -122,6 +122,7 @@ class StepCosts:
         self.keep, self.max_age, self.explore = keep, max_age, explore
         self._cells: dict[int, tuple[deque, int]] = {}  # tokens -> (seconds, last step)
         self._points: list[tuple[int, float]] | None = None  # the fitted points, until the next observation
+        self._fitted: CostCurve | None = None  # the curve through them (None with one point)
         self.steps = 0
 
     def observe(self, rows: int, drafted: int, seconds: float) -> None:
@@ -146,6 +147,7 @@ class StepCosts:
                     (w1, s1, t1), (w2, s2, t2) = blocks.pop(-2), blocks.pop()
                     blocks.append([w1 + w2, (w1 * s1 + w2 * s2) / (w1 + w2), t1 + t2])
             self._points = [(t, s) for _, s, members in blocks for t in members]
+            self._fitted = CostCurve(tuple(self._points)) if len(self._points) > 1 else None
         return self._points
 
     def seconds(self, rows: int, drafted: int) -> float | None:
@@ -155,9 +157,9 @@ class StepCosts:
         points, tokens = self.points(), rows + drafted
         if not points or tokens > self.explore * points[-1][0]:
             return None
-        if len(points) == 1:
+        if self._fitted is None:
             return points[0][1]
-        return CostCurve(tuple(points))(tokens)  # linear between points, the last slope beyond
+        return self._fitted(tokens)  # linear between points, the last slope beyond
 
     def curve(self, rows: int, drafted: int, weight: float, max_draft: int) -> CostCurve:
         """The cost curve a row's drafter prices its draft with (see the module docstring): point
