@@ -9,7 +9,7 @@ speculative config refuses keys it does not know)::
         speculative_config={
             "method": "custom_class",
             "model": "lookahead.vllm.LookaheadProposer",
-            "num_speculative_tokens": 7,
+            "num_speculative_tokens": 16,
         },
         additional_config={"lookahead": {"shared_pool": True}},
     )
