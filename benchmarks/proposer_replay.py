@@ -24,6 +24,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+from _switch import SUFFIX
 
 from lookahead.proposer import ChainProposer, ProposerOptions
 
@@ -67,8 +68,8 @@ class SuffixDrafts:
     def __init__(self, k: int | None) -> None:
         from arctic_inference.suffix_decoding import SuffixDecodingCache
 
-        self.k, self.depth = k or 24, 24
-        self.cache = SuffixDecodingCache(max_tree_depth=self.depth, max_cached_requests=10000)
+        self.k, self.depth = k or SUFFIX["depth"], SUFFIX["depth"]
+        self.cache = SuffixDecodingCache(max_tree_depth=self.depth, max_cached_requests=SUFFIX["cached"])
 
     def start(self, request: int, prompt: list[int]) -> None:
         self.cache.start_request(request, prompt)
@@ -76,7 +77,13 @@ class SuffixDrafts:
     def propose(self, request: int, emitted: list[int], text: list[int]) -> list[int]:
         self.cache.add_active_response(request, emitted)
         pattern = text[-self.depth :]
-        draft = self.cache.speculate(request, pattern, max_spec_tokens=self.k, max_spec_factor=1.0, min_token_prob=0.1)
+        draft = self.cache.speculate(
+            request,
+            pattern,
+            max_spec_tokens=self.k,
+            max_spec_factor=SUFFIX["factor"],
+            min_token_prob=SUFFIX["min_prob"],
+        )
         return list(draft.token_ids)
 
     def stop(self, request: int) -> None:
