@@ -211,6 +211,8 @@ class TreeDrafter:
         draft = self._grow(nodes, children, occurrences, leaves_cap, optimistic=False, rider=rider)
         if draft.candidates or self._since_probe < self._interval:
             return draft
+        if self._since_probe < math.ceil((self.curve(2 + rider) / self.curve(1) - 1) / self.probe_overhead):
+            return draft  # even a one-token probe is too dear yet (the check below, without growing it)
         probe = self._grow(nodes, children, occurrences, leaves_cap, optimistic=True, rider=rider)
         if not probe.candidates:
             return probe
@@ -237,29 +239,17 @@ class TreeDrafter:
     def _grow(self, nodes, children, occurrences: int, leaves_cap: int, optimistic: bool, rider: int = 0) -> Draft:
         """The best tree over the trie, with estimated (or, for probes, optimistic) rates; a tree of
         k nodes costs a step of 1 + ``rider`` + k input tokens."""
-        # each node's conditional rate, siblings normalised to sum to at most 1
-        buckets: dict[Path, tuple] = {}
-        cond: dict[Path, float] = {}
-        for parent, kids in children.items():
-            above = occurrences if not parent else nodes[parent].support
-            rates = []
-            for child in kids:
-                node = nodes[child]
-                unanimous = node.support > 0 and node.support == above
-                bucket = (span_band(node.level), len(child) == 1, min(node.support, 3), unanimous)
-                buckets[child] = bucket
-                prior = PRIORS.get((bucket[0], bucket[1], unanimous), 0.1)  # pooled n-grams are never unanimous
-                rates.append(self.rate(bucket, prior, optimistic))
-            scale = 1.0 / max(1.0, sum(rates))
-            for child, r in zip(kids, rates, strict=True):
-                cond[child] = r * scale
-        # best first: a node enters after its parent (its path probability is at most the parent's)
+        buckets = _buckets(nodes, children, occurrences)
+        # best first: a node enters after its parent (its path probability is at most the parent's),
+        # and the step runs the prefix of that order with the most expected tokens per unit of cost
         order: list[tuple[Path, float]] = []
         chosen: set[Path] = set()
         leaves = 0
-        heap = [(-cond[c], i, c) for i, c in enumerate(children.get((), []))]
+        heap = [(-r, i, c) for i, (r, c) in enumerate(self._child_rates(children, buckets, (), optimistic))]
         heapq.heapify(heap)
         tick = len(heap)
+        best_k, best_rate, expected, total = 0, 1.0, 1.0, 1.0
+        unit = self.curve(1)
         while heap and len(order) < self.max_nodes:
             neg, _, path = heapq.heappop(heap)
             opens_leaf = len(path) == 1 or any(c in chosen for c in children.get(path[:-1], ()))
@@ -268,23 +258,36 @@ class TreeDrafter:
             leaves += opens_leaf
             chosen.add(path)
             order.append((path, -neg))
-            for child in children.get(path, ()):
-                heapq.heappush(heap, (neg * cond[child], tick, child))
-                tick += 1
-        # the prefix of the order with the most expected tokens per unit of cost
-        best_k, best_rate, expected, total = 0, 1.0, 1.0, 1.0
-        unit = self.curve(1)
-        for k, (_, probability) in enumerate(order, start=1):
-            total += probability
+            k, total = len(order), total - neg
             rate = total * unit / self.curve(1 + rider + k)
             if rate > best_rate:
                 best_k, best_rate, expected = k, rate, total
+            # no later node is likelier than this one: stop where even all the room left, filled at
+            # this one's probability and priced at one node more, could not beat the best prefix
+            room = self.max_nodes - k
+            if not room or (total - room * neg) * unit / self.curve(2 + rider + k) <= best_rate:
+                break
+            for r, child in self._child_rates(children, buckets, path, optimistic):
+                heapq.heappush(heap, (neg * r, tick, child))
+                tick += 1
         kept = [path for path, _ in order[:best_k]]
         tree_children: dict[Path, list[Path]] = {}
         for path in kept:
             tree_children.setdefault(path[:-1], []).append(path)
         candidates = [p for p in kept if p not in tree_children]  # the leaves
         return Draft(candidates, {p: buckets[p] for p in kept}, tree_children, expected, False, buckets, children)
+
+    def _child_rates(self, children: dict, buckets: dict, parent: Path, optimistic: bool) -> list[tuple[float, Path]]:
+        """The conditional rates of a node's children, siblings normalised to sum to at most 1 (only
+        one of them can match). Rated only for the nodes the tree reaches, not the whole trie."""
+        kids = children.get(parent, ())
+        rated = []
+        for child in kids:
+            bucket = buckets[child]
+            prior = PRIORS.get((bucket[0], bucket[1], bucket[3]), 0.1)  # pooled n-grams are never unanimous
+            rated.append(self.rate(bucket, prior, optimistic))
+        scale = 1.0 / max(1.0, sum(rated))
+        return [(r * scale, child) for r, child in zip(rated, kids, strict=True)]
 
     def _count(self, draft: Draft) -> Draft:
         if draft.candidates:
@@ -355,6 +358,19 @@ def span_band(span: int) -> int:
     if span < 4:
         return span
     return 4 if span < 8 else 8 if span < 16 else 16
+
+
+def _buckets(nodes: dict[Path, _Node], children: dict[Path, list[Path]], occurrences: int) -> dict[Path, tuple]:
+    """Every trie node's evidence bucket, what its rate is learnt and looked up by: (level band,
+    first token, support up to 3, unanimous)."""
+    buckets: dict[Path, tuple] = {}
+    for parent, kids in children.items():
+        above = occurrences if not parent else nodes[parent].support
+        for child in kids:
+            node = nodes[child]
+            unanimous = node.support > 0 and node.support == above
+            buckets[child] = (span_band(node.level), len(child) == 1, min(node.support, 3), unanimous)
+    return buckets
 
 
 def _trie(sources: Sequence[tuple[int, Path]], cap: int) -> tuple[dict[Path, _Node], dict[Path, list[Path]], int]:
