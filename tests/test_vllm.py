@@ -238,6 +238,24 @@ def test_warm_pool_lets_a_later_request_draft_from_an_earlier_text():
     assert tokens_per_step_of_b(False) < 1.2
 
 
+def test_request_states_are_bounded_and_leavers_feed_the_warm_pool():
+    # 12 requests, 3 at a time, through a proposer that keeps 4 states: the states never exceed
+    # the bound, and every request that left put its text into the warm pool
+    proposer, clock = make(max_requests=4)
+    batch = Batch(proposer, clock, cost=cheap)
+    texts = [random.Random(40 + i).sample(range(1000 * i, 1000 * i + 900), 60) for i in range(12)]
+    pending = list(texts)
+    while pending or batch.rows:
+        while pending and len(batch.rows) < 3:
+            batch.add(pending.pop(0), 10)
+        batch.step()
+        stored = sum(len(states) for states in proposer._requests.values())
+        assert stored <= 4 and stored == proposer._stored
+    batch.step() if batch.rows else proposer.propose([], [])  # one more call: the last rows' leaving is seen
+    for text in texts:
+        assert tuple(text[30:34]) in [tuple(c[:4]) for c in proposer.shared.candidates(text[:30], 4, 4)]
+
+
 def test_a_failing_row_drafts_nothing_and_is_logged_once(monkeypatch, caplog):
     proposer, clock = make(shared_pool=False)
     batch = Batch(proposer, clock, cost=cheap)

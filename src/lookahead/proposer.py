@@ -65,7 +65,6 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from .costs import CostCurve
 from .drafting import Draft, TreeDrafter
 from .lookup import ContextIndex
 from .pool import PoolFeed, SharedPool
@@ -116,13 +115,16 @@ class StepCosts:
     larger count timed cheaper) and linear between them. Beyond the largest count timed, n_max, they
     follow the slope of the last two (flat with one), up to ``explore`` x n_max; further than that a
     step is unknown. So drafting explores step sizes a doubling at a time, and every size the batch
-    reaches plain is timed by its plain steps."""
+    reaches plain is timed by its plain steps.
+
+    The estimates are tabulated by token count once per observation: every row of every call
+    prices its draft from that table (:meth:`curve`), so the fit is not redone per row."""
 
     def __init__(self, keep: int = 9, max_age: int = 512, explore: float = 2.0) -> None:
         self.keep, self.max_age, self.explore = keep, max_age, explore
         self._cells: dict[int, tuple[deque, int]] = {}  # tokens -> (seconds, last step)
         self._points: list[tuple[int, float]] | None = None  # the fitted points, until the next observation
-        self._fitted: CostCurve | None = None  # the curve through them (None with one point)
+        self._table: list[float] = []  # seconds by tokens (index 0: unused), up to explore x n_max
         self.steps = 0
 
     def observe(self, rows: int, drafted: int, seconds: float) -> None:
@@ -137,49 +139,58 @@ class StepCosts:
         """(tokens, seconds) of the fresh cells, seconds made non-decreasing by pooling neighbours
         (pool-adjacent-violators, each cell weighted by its observations)."""
         if self._points is None:
-            for tokens in [t for t, (_, last) in self._cells.items() if self.steps - last >= self.max_age]:
-                del self._cells[tokens]
-            blocks: list[list] = []  # [observations, mean seconds, token counts of the block]
-            for tokens in sorted(self._cells):
-                recent = self._cells[tokens][0]
-                blocks.append([len(recent), statistics.median(recent), [tokens]])
-                while len(blocks) > 1 and blocks[-2][1] > blocks[-1][1]:
-                    (w1, s1, t1), (w2, s2, t2) = blocks.pop(-2), blocks.pop()
-                    blocks.append([w1 + w2, (w1 * s1 + w2 * s2) / (w1 + w2), t1 + t2])
-            self._points = [(t, s) for _, s, members in blocks for t in members]
-            self._fitted = CostCurve(tuple(self._points)) if len(self._points) > 1 else None
+            self._fit()
         return self._points
+
+    def _fit(self) -> None:
+        for tokens in [t for t, (_, last) in self._cells.items() if self.steps - last >= self.max_age]:
+            del self._cells[tokens]
+        blocks: list[list] = []  # [observations, mean seconds, token counts of the block]
+        for tokens in sorted(self._cells):
+            recent = self._cells[tokens][0]
+            blocks.append([len(recent), statistics.median(recent), [tokens]])
+            while len(blocks) > 1 and blocks[-2][1] > blocks[-1][1]:
+                (w1, s1, t1), (w2, s2, t2) = blocks.pop(-2), blocks.pop()
+                blocks.append([w1 + w2, (w1 * s1 + w2 * s2) / (w1 + w2), t1 + t2])
+        self._points = [(t, s) for _, s, members in blocks for t in members]
+        self._table = _tabulate(self._points, int(self.explore * self._points[-1][0])) if self._points else []
 
     def seconds(self, rows: int, drafted: int) -> float | None:
         """Estimated seconds of a step over ``rows`` rows verifying ``drafted`` draft tokens in all;
         None where nothing was timed, or where it is more than ``explore`` x the largest step
         timed."""
-        points, tokens = self.points(), rows + drafted
-        if not points or tokens > self.explore * points[-1][0]:
-            return None
-        if self._fitted is None:
-            return points[0][1]
-        return self._fitted(tokens)  # linear between points, the last slope beyond
+        self.points()
+        tokens = rows + drafted
+        return self._table[tokens] if tokens < len(self._table) else None
 
-    def curve(self, rows: int, drafted: int, weight: float, max_draft: int) -> CostCurve:
+    def curve(self, rows: int, drafted: int, weight: float, max_draft: int) -> StepPrices:
         """The cost curve a row's drafter prices its draft with (see the module docstring): point
         1 + k is T(rows + drafted) + ``weight`` x the extra seconds its k tokens add to the step.
         Where the step without this row's draft is unknown, a curve on which nothing pays (the step
         then runs, and is timed); a draft longer than the known steps allow is priced out."""
-        base = self.seconds(rows, drafted)
-        if base is None or base <= 0:
+        self.points()
+        start, table = rows + drafted, self._table
+        if start >= len(table) or table[start] <= 0:
             return NO_DRAFT
-        points = [(1, base)]
-        for k in range(1, max_draft + 1):
-            seconds = self.seconds(rows, drafted + k)
-            if seconds is None:
-                break
-            points.append((1 + k, base + weight * max(0.0, seconds - base)))
-        points.append((points[-1][0] + 1, 1e9))  # one token further than known: never pays
-        return CostCurve(tuple(points))
+        base = table[start]
+        known = table[start : min(len(table), start + max_draft + 1)]
+        return StepPrices(tuple(base + weight * max(0.0, seconds - base) for seconds in known))
 
 
-NO_DRAFT = CostCurve(((1, 1.0), (2, 1e9)))  # a curve on which no draft pays
+class StepPrices:
+    """A row's cost curve, c(1 + k) for k = 0 .. the longest draft priced; a longer one never pays.
+    Called as :class:`lookahead.costs.CostCurve` is, with the step's tokens (1 + k)."""
+
+    __slots__ = ("prices",)
+
+    def __init__(self, prices: tuple[float, ...]) -> None:
+        self.prices = prices
+
+    def __call__(self, tokens: int) -> float:
+        return self.prices[tokens - 1] if tokens <= len(self.prices) else 1e9
+
+
+NO_DRAFT = StepPrices((1.0,))  # a curve on which no draft pays
 
 
 @dataclass
@@ -215,6 +226,8 @@ class ChainProposer:
         self.shared = SharedPool(o.pool_entries, o.pool_bytes) if o.shared_pool else None
         self.costs = StepCosts()
         self._requests: OrderedDict[tuple, list[_Request]] = OrderedDict()  # key -> states, least recent first
+        self._stored = 0  # states in _requests
+        self._rows: list[_Request] = []  # the requests the last call drafted for
         self._leaving = PoolFeed()  # texts of requests that left, on their way into the warm pool
         self._calls = 0
         self._ended: float | None = None  # when the last call returned
@@ -235,7 +248,7 @@ class ChainProposer:
             chain = self._guarded(self._draft, [], request, len(requests), drafted) if request else []
             drafted += len(chain)
             drafts.append(chain)
-        self._guarded(self._settle, None)
+        self._guarded(self._settle, None, [r for r in requests if r is not None])
         self._ended = self.clock()
         return drafts
 
@@ -262,6 +275,7 @@ class ChainProposer:
         states = self._requests.get(key)
         if states:
             request = states.pop()
+            self._stored -= 1
             if not states:
                 del self._requests[key]
         else:
@@ -275,6 +289,7 @@ class ChainProposer:
         request.index.extend(request.tokens)
         self._requests.setdefault(_key(request.tokens, n), []).append(request)
         self._requests.move_to_end(_key(request.tokens, n))
+        self._stored += 1
         self.emitted_per_row += 0.05 * (m - self.emitted_per_row)
         return request
 
@@ -313,21 +328,40 @@ class ChainProposer:
         if all(r is not None and r.seen == self._calls - 1 for r in requests):
             self.costs.observe(len(requests), sum(r.drafted for r in requests), started - self._ended)
 
-    def _settle(self) -> None:
-        """Requests no row continued this call left the batch: their texts go to the warm pool
-        (a bounded number of positions per call); the least recent states beyond the bound go."""
-        for key in list(self._requests):
-            for request in self._requests[key]:
-                if request.seen == self._calls - 1 and self.shared is not None:
+    def _settle(self, rows: list[_Request]) -> None:
+        """Requests the last call drafted for and no row continued in this one left the batch:
+        their texts go to the warm pool (a bounded number of positions per call); the least recent
+        states beyond the bound go."""
+        if self.shared is not None:
+            for request in self._rows:
+                if request.seen != self._calls:
                     self._leaving.add(self.shared, request.tokens)
-        total = sum(len(states) for states in self._requests.values())
-        while total > self.options.max_requests:
+        self._rows = rows
+        while self._stored > self.options.max_requests:
             key, states = next(iter(self._requests.items()))
             states.pop(0)
-            total -= 1
+            self._stored -= 1
             if not states:
                 del self._requests[key]
         self._leaving.feed(POOL_FEED)
+
+
+def _tabulate(points: list[tuple[int, float]], last: int) -> list[float]:
+    """Seconds by tokens, 1 .. ``last`` (index 0 unused): flat below the first point and with one
+    point, linear between points, the last two points' slope beyond them."""
+    table = [0.0]
+    j = 0
+    for tokens in range(1, last + 1):
+        while j + 1 < len(points) and points[j + 1][0] < tokens:
+            j += 1
+        if len(points) == 1 or tokens <= points[0][0]:
+            table.append(points[0][1])
+            continue
+        (x0, y0), (x1, y1) = points[j], points[min(j + 1, len(points) - 1)]
+        if j + 1 == len(points):
+            (x0, y0), (x1, y1) = points[-2], points[-1]
+        table.append(y0 + (y1 - y0) * (tokens - x0) / (x1 - x0))
+    return table
 
 
 def _key(text: Sequence[int], length: int) -> tuple:
