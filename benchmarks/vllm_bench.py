@@ -106,10 +106,10 @@ def level(url: str, prompts: list[datasets.Prompt], clients: int, max_tokens: in
     return {**result, **drafting(before, spec_counters(url), tokens)}
 
 
-SPEC_COUNTERS = {  # vLLM's Prometheus counters of speculation (their sum over engines)
-    "vllm:spec_decode_num_drafts_total": "drafts",  # request-steps that verified a draft (non-empty)
-    "vllm:spec_decode_num_draft_tokens_total": "draft_tokens",
-    "vllm:spec_decode_num_accepted_tokens_total": "accepted",
+SPEC_COUNTERS = {  # vLLM's counters of speculation (summed over engines; /metrics adds "_total")
+    "vllm:spec_decode_num_drafts": "drafts",  # request-steps that verified a draft (non-empty)
+    "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "accepted",
 }
 
 
@@ -117,7 +117,7 @@ def spec_counters(url: str) -> dict[str, float]:
     """The server's speculation counters now, from its /metrics (zeros without speculation)."""
     counts = dict.fromkeys(SPEC_COUNTERS.values(), 0.0)
     for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
-        name = line.partition("{")[0].partition(" ")[0]  # "name{labels} value" or "name value"
+        name = line.partition("{")[0].partition(" ")[0].removesuffix("_total")  # "name{labels} value" or "name value"
         if name in SPEC_COUNTERS:
             counts[SPEC_COUNTERS[name]] += float(line.rsplit(" ", 1)[-1])
     return counts

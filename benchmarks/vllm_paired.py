@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import _switch
+from vllm_bench import SPEC_COUNTERS
 
 from lookahead import datasets, models
 
@@ -44,12 +45,11 @@ def prompt_ids(tokenizer, prompt: datasets.Prompt) -> list[int]:
 
 
 def spec_counts(llm) -> dict[str, float]:
-    names = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
-             "vllm:spec_decode_num_accepted_tokens": "accepted"}  # fmt: skip
-    counts = dict.fromkeys(names.values(), 0.0)
+    """The engine's speculation counters now (``vllm_bench.SPEC_COUNTERS``)."""
+    counts = dict.fromkeys(SPEC_COUNTERS.values(), 0.0)
     for metric in llm.get_metrics():
-        if metric.name in names:
-            counts[names[metric.name]] += metric.value
+        if metric.name in SPEC_COUNTERS:
+            counts[SPEC_COUNTERS[metric.name]] += metric.value
     return counts
 
 
