@@ -275,10 +275,11 @@ def test_vllm_bench_runs_plain_suffix_and_lookahead(tmp_path):
 )
 def test_vllm_paired_runs_each_setup_on_the_same_prompts_in_one_engine(tmp_path):
     """Greedy in fp32, every setup gives the same text (the report lists prompts where they differ),
-    and every step the proposers saw is timed under its setup."""
+    and every step the proposers saw is timed under its setup. Waves of 2 requests at once, the last
+    one short: the engine batches them, and the texts still agree prompt by prompt."""
     out = tmp_path / "paired"
-    run_tool("vllm_paired.py", "--n", 2, "--max-tokens", 12, "--datasets", "humaneval", "--setups", "plain",
-             "ngram k=3", "lookahead", "--max-model-len", 1024, "--enforce-eager", "--out", out,
+    run_tool("vllm_paired.py", "--n", 3, "--batch", 2, "--max-tokens", 12, "--datasets", "humaneval",
+             "--setups", "plain", "ngram k=3", "lookahead", "--max-model-len", 1024, "--enforce-eager", "--out", out,
              python=VLLM_PYTHON, cwd=tmp_path, timeout=900, env={"VLLM_CPU_KVCACHE_SPACE": "1"})  # fmt: skip
     report = json.loads(out.with_suffix(".json").read_text())
     assert report["differing"] == []
@@ -286,6 +287,7 @@ def test_vllm_paired_runs_each_setup_on_the_same_prompts_in_one_engine(tmp_path)
     assert set(per) == {"plain", "ngram k=3", "lookahead"}
     for setup, entry in per.items():
         assert entry["tokens"] == per["plain"]["tokens"] > 0 and entry["seconds"] > 0
+        assert entry["waves"] == 2  # prompts 1-2 at once, then 3
         assert {f"vs {s}" for s in per if s != setup} <= set(entry)
     assert per["plain"]["tokens_per_step"] == 1.0
     assert set(report["step_ms"]["plain"]) == {"0"}  # plain verifies no draft token, ever
