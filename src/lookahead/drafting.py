@@ -208,12 +208,13 @@ class TreeDrafter:
         self._since_probe += 1
         if not nodes or leaves_cap <= 0:
             return Draft([], {}, {}, 1.0)
-        draft = self._grow(nodes, children, occurrences, leaves_cap, optimistic=False, rider=rider)
+        buckets = _buckets(nodes, children, occurrences)  # shared by the draft and a probe
+        draft = self._grow(buckets, children, leaves_cap, optimistic=False, rider=rider)
         if draft.candidates or self._since_probe < self._interval:
             return draft
         if self._since_probe < math.ceil((self.curve(2 + rider) / self.curve(1) - 1) / self.probe_overhead):
             return draft  # even a one-token probe is too dear yet (the check below, without growing it)
-        probe = self._grow(nodes, children, occurrences, leaves_cap, optimistic=True, rider=rider)
+        probe = self._grow(buckets, children, leaves_cap, optimistic=True, rider=rider)
         if not probe.candidates:
             return probe
         extra = self.curve(1 + rider + len(probe.buckets)) / self.curve(1) - 1
@@ -236,10 +237,9 @@ class TreeDrafter:
         self._since_window = 0
         return dataclasses.replace(draft, window=True)
 
-    def _grow(self, nodes, children, occurrences: int, leaves_cap: int, optimistic: bool, rider: int = 0) -> Draft:
-        """The best tree over the trie, with estimated (or, for probes, optimistic) rates; a tree of
-        k nodes costs a step of 1 + ``rider`` + k input tokens."""
-        buckets = _buckets(nodes, children, occurrences)
+    def _grow(self, buckets: dict, children: dict, leaves_cap: int, optimistic: bool, rider: int = 0) -> Draft:
+        """The best tree over the trie (its nodes' ``buckets``, its ``children``), with estimated (or,
+        for probes, optimistic) rates; a tree of k nodes costs a step of 1 + ``rider`` + k input tokens."""
         # best first: a node enters after its parent (its path probability is at most the parent's),
         # and the step runs the prefix of that order with the most expected tokens per unit of cost
         order: list[tuple[Path, float]] = []
