@@ -5,7 +5,7 @@ proposer's drafts against fixed texts greedily, as vLLM does, reorders and conde
 bills each step on a fake clock. The vLLM tests run vLLM itself, in its own environment
 (``.venv-vllm``, made by ``scripts/setup.sh --vllm``), in subprocesses (``tests/vllm_checks.py``):
 vLLM spawns its engine, and its transformers is older than this package's. Without ``.venv-vllm``
-they skip, saying so.
+they skip, saying so. Those that start an engine or a server take minutes and are marked ``slow``.
 """
 
 from __future__ import annotations
@@ -409,6 +409,7 @@ def test_vllm_imports_the_proposer_without_the_decoding_loop():
     assert not result["transformers"].startswith("5.2")  # vLLM's own, older transformers
 
 
+@pytest.mark.slow
 @needs_vllm
 def test_vllm_greedy_tokens_equal_no_speculation(model_path):
     # fp32, greedy, 12 prompts: one at a time, then 8 at once with staggered lengths (rows finish
@@ -428,6 +429,7 @@ def test_vllm_greedy_tokens_equal_no_speculation(model_path):
     # vLLM's own ngram proposer does the same. All-greedy batches skip that path and are exact (above).
 
 
+@pytest.mark.slow
 @needs_vllm
 def test_vllm_openai_server_with_the_proposer(model_path):
     with socket.socket() as s:
@@ -439,6 +441,7 @@ def test_vllm_openai_server_with_the_proposer(model_path):
     assert result["stopped"]
 
 
+@pytest.mark.slow
 @needs_vllm
 def test_vllm_tensor_parallel_2_gives_the_tokens_of_1():
     # Gemma 3 270M (4 heads; SmolLM2's 9 do not split in two), fp32, one core per rank
