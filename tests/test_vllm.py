@@ -297,21 +297,6 @@ def test_step_costs_interpolate_and_extrapolate():
     assert costs.seconds(16, 16) == pytest.approx(0.3) and costs.seconds(16, 17) is None
 
 
-def test_the_first_draft_of_a_step_pays_for_leaving_the_plain_step():
-    # vLLM on an AVX2 CPU: 16 plain rows 63 ms, but a step verifying 16 tokens with drafts 70 ms
-    # (the rejection sampler, multi-token rows); the two are kept apart, not pooled
-    costs = StepCosts()
-    for _ in range(5):
-        costs.observe(16, 0, 0.063)
-        costs.observe(14, 2, 0.070)
-        costs.observe(16, 1, 0.072)
-    first = costs.curve(16, 0, weight=1.0, max_draft=1)  # no row drafted yet: its draft turns the step
-    assert first.prices == pytest.approx((0.063, 0.072))
-    later = costs.curve(15, 1, weight=1.0, max_draft=1)  # a row after another's draft: drafted steps only
-    assert later.prices == pytest.approx((0.070, 0.072))
-    assert costs.seconds(16, 0) == pytest.approx(0.070)  # the table prefers the drafted steps' times
-
-
 def test_a_drafted_step_explores_at_most_a_doubling():
     # drafted tokens nearly free: a lone request's drafts grow a doubling of the step at a time
     proposer, clock = make(max_draft=7, shared_pool=False)

@@ -23,18 +23,14 @@ from the end of one call to the start of the next is the engine's step over the 
 second call, each verifying 1 + the draft proposed for it, when every row continues a row of the
 first call (a new request's prefill would make it another step). It is kept by the tokens the step
 verified, rows + drafted tokens: a row and a drafted token each add one position to the step, so
-a lone request's 15-token draft and 16 rows that each draft one token time the same point, and
-every drafted step the batch takes teaches the one curve. Steps with no draft are kept apart: they
-skip vLLM's rejection sampler and verify one token per row, and on an AVX2 CPU 16 plain rows took
-63 ms where steps of 16 positions with drafts took 70 (docs/journal.md). The curve takes the
-drafted steps' time where there is one, the plain steps' elsewhere. A row's draft of k tokens makes
-the step cost T(n + k) instead of T(n), where n is the rows plus what the rows before it drafted
-(T(n) is the plain step's time when no row before it drafted: its draft is what turns the step
-into a drafted one), and it delays every row's tokens: it pays when the tokens it is expected to
-add exceed the batch's expected tokens times the step's relative slowdown. The drafter gets that
-as its cost curve: c(1 + k) = T(n) + w (T(n + k) - T(n)), with w the tokens the batch emits per
-step (1 for a lone request, where c is T itself). So a batch that fills drafts less, and no draft
-runs where the measured costs say it would not pay.
+plain steps at 16 rows and a lone request's 15-token draft time the same point, and every step
+the batch takes teaches the one curve. A row's draft of k tokens makes the step cost T(n + k)
+instead of T(n), where n is the rows plus what the rows before it drafted, and it delays every
+row's tokens: it pays when the tokens it is expected to add exceed the batch's expected tokens
+times the step's relative slowdown. The drafter gets that as its cost curve: c(1 + k) = T(n) +
+w (T(n + k) - T(n)), with w the tokens the batch emits per step (1 for a lone request, where c is
+T itself). So a batch that fills drafts less, and no draft runs where the measured costs say it
+would not pay.
 
 Exploring: nothing is drafted until a step was timed. Beyond the largest step timed, n_max, costs
 follow the slope of the last two timed sizes (flat with one), but only up to 2 n_max; a draft
@@ -112,12 +108,11 @@ class ProposerOptions:
 
 
 class StepCosts:
-    """The engine's seconds per step by the tokens it verifies (rows + drafted tokens, each one
-    position of the step) and by whether it verified any draft, learnt from observed steps. A cell's
-    estimate is the median of its last ``keep`` observations, forgotten once unobserved for
-    ``max_age`` steps. The curve by token count takes the drafted steps' cell where there is one and
-    the plain steps' elsewhere; across token counts the estimates are made non-decreasing (pooled
-    where a larger count timed cheaper) and linear between them. Beyond the largest count timed, n_max, they
+    """The engine's seconds per step by the tokens it verifies (rows + drafted tokens: a row and a
+    drafted token cost alike, each one position of the step), learnt from observed steps. A token
+    count's estimate is the median of its last ``keep`` observations, forgotten once unobserved for
+    ``max_age`` steps; across token counts the estimates are made non-decreasing (pooled where a
+    larger count timed cheaper) and linear between them. Beyond the largest count timed, n_max, they
     follow the slope of the last two (flat with one), up to ``explore`` x n_max; further than that a
     step is unknown. So drafting explores step sizes a doubling at a time, and every size the batch
     reaches plain is timed by its plain steps.
@@ -127,8 +122,7 @@ class StepCosts:
 
     def __init__(self, keep: int = 9, max_age: int = 512, explore: float = 2.0) -> None:
         self.keep, self.max_age, self.explore = keep, max_age, explore
-        self._cells: dict[tuple[int, bool], tuple[deque, int]] = {}  # (tokens, drafted?) -> (seconds, last step)
-        self._plain: dict[int, float] = {}  # tokens -> median seconds of the steps with no draft
+        self._cells: dict[int, tuple[deque, int]] = {}  # tokens -> (seconds, last step)
         self._points: list[tuple[int, float]] | None = None  # the fitted points, until the next observation
         self._table: list[float] = []  # seconds by tokens (index 0: unused), up to explore x n_max
         self.steps = 0
@@ -136,10 +130,10 @@ class StepCosts:
     def observe(self, rows: int, drafted: int, seconds: float) -> None:
         self.steps += 1
         self._points = None
-        key = (rows + drafted, drafted > 0)
-        recent = self._cells[key][0] if key in self._cells else deque(maxlen=self.keep)
+        tokens = rows + drafted
+        recent = self._cells[tokens][0] if tokens in self._cells else deque(maxlen=self.keep)
         recent.append(seconds)
-        self._cells[key] = (recent, self.steps)
+        self._cells[tokens] = (recent, self.steps)
 
     def points(self) -> list[tuple[int, float]]:
         """(tokens, seconds) of the fresh cells, seconds made non-decreasing by pooling neighbours
@@ -149,14 +143,12 @@ class StepCosts:
         return self._points
 
     def _fit(self) -> None:
-        for key in [k for k, (_, last) in self._cells.items() if self.steps - last >= self.max_age]:
-            del self._cells[key]
-        medians = {key: (len(recent), statistics.median(recent)) for key, (recent, _) in self._cells.items()}
-        self._plain = {tokens: seconds for (tokens, drafted), (_, seconds) in medians.items() if not drafted}
+        for tokens in [t for t, (_, last) in self._cells.items() if self.steps - last >= self.max_age]:
+            del self._cells[tokens]
         blocks: list[list] = []  # [observations, mean seconds, token counts of the block]
-        for tokens in sorted({tokens for tokens, _ in medians}):
-            observed, seconds = medians.get((tokens, True)) or medians[(tokens, False)]
-            blocks.append([observed, seconds, [tokens]])
+        for tokens in sorted(self._cells):
+            recent = self._cells[tokens][0]
+            blocks.append([len(recent), statistics.median(recent), [tokens]])
             while len(blocks) > 1 and blocks[-2][1] > blocks[-1][1]:
                 (w1, s1, t1), (w2, s2, t2) = blocks.pop(-2), blocks.pop()
                 blocks.append([w1 + w2, (w1 * s1 + w2 * s2) / (w1 + w2), t1 + t2])
@@ -173,17 +165,16 @@ class StepCosts:
 
     def curve(self, rows: int, drafted: int, weight: float, max_draft: int) -> StepPrices:
         """The cost curve a row's drafter prices its draft with (see the module docstring): point
-        1 + k is T(rows + drafted) + ``weight`` x the extra seconds its k tokens add to the step;
-        with no draft before it (``drafted`` 0), T is the plain step's, where one was timed.
+        1 + k is T(rows + drafted) + ``weight`` x the extra seconds its k tokens add to the step.
         Where the step without this row's draft is unknown, a curve on which nothing pays (the step
         then runs, and is timed); a draft longer than the known steps allow is priced out."""
         self.points()
         start, table = rows + drafted, self._table
         if start >= len(table) or table[start] <= 0:
             return NO_DRAFT
-        base = self._plain.get(start, table[start]) if not drafted else table[start]
-        known = table[start + 1 : min(len(table), start + max_draft + 1)]
-        return StepPrices((base, *(base + weight * max(0.0, seconds - base) for seconds in known)))
+        base = table[start]
+        known = table[start : min(len(table), start + max_draft + 1)]
+        return StepPrices(tuple(base + weight * max(0.0, seconds - base) for seconds in known))
 
 
 class StepPrices:
