@@ -19,6 +19,7 @@ import transformers
 
 from lookahead import Lookahead, bench, datasets, models
 from lookahead.calibration import model_cost_curve
+from lookahead.report import summarize
 
 
 def main() -> None:
@@ -57,7 +58,7 @@ def compare_batches(model, tokenizer, methods: list, args) -> None:
         prompts = datasets.load(name, args.n)
         for size in args.batch_size:
             runs = bench.run_bench(model, tokenizer, prompts, methods, args.max_new_tokens, False, batch_size=size)
-            rows = bench.summarize(runs)
+            rows = summarize(runs)
             report[f"{name}, batch {size}"] = rows
             for row in rows:
                 wide = "" if row["wide_share"] is None else f"{row['wide_share']:.0%}"

@@ -9,7 +9,7 @@ import time
 import pytest
 from tiny_models import char_tokenizer, tiny_model
 
-from lookahead import bench, datasets
+from lookahead import bench, datasets, report
 from lookahead.cli import main
 
 
@@ -109,12 +109,12 @@ def test_the_share_of_the_bound_three_ways():
         bench.Run("greedy", "b", 100, 10.0, True, 0.0),
         bench.Run("lookahead(auto)", "b", 100, 2.0, True, 0.0, bound=5.0),
     ]
-    greedy, mine = bench.summarize(runs)
+    greedy, mine = report.summarize(runs)
     assert greedy["share_median_prompt"] is None and greedy["share_pooled"] is None
     assert mine["share_median_prompt"] == pytest.approx(0.75)
     assert mine["share_pooled"] == pytest.approx(4.5 / 7)
     assert mine["share_of_bound"] == pytest.approx(3.5 / 4.5)
-    assert "| 75% | 64% |" in bench.markdown([greedy, mine], "t")
+    assert "| 75% | 64% |" in report.markdown([greedy, mine], "t")
 
 
 def test_speedups_by_prompt_kind_with_an_interval_from_the_prompts_spread():
@@ -128,7 +128,7 @@ def test_speedups_by_prompt_kind_with_an_interval_from_the_prompts_spread():
     for prompt, (kind, log_speed) in speeds.items():
         runs.append(bench.Run("greedy", prompt, 100, 10.0, True, 0.0, kind=kind))
         runs.append(bench.Run("lookahead(auto)", prompt, 100, 10.0 / math.exp(log_speed), True, 0.0, kind=kind))
-    slow, mixed, one = bench.kind_rows(runs)
+    slow, mixed, one = report.kind_rows(runs)
     assert (slow["kind"], slow["prompts"], slow["slowest_prompt"]) == ("slow", 3, "s1")
     assert slow["speedup"] == pytest.approx(math.exp(-0.3)) and slow["slowest"] == pytest.approx(math.exp(-0.4))
     half = 4.303 * 0.1 / math.sqrt(3)
@@ -136,14 +136,14 @@ def test_speedups_by_prompt_kind_with_an_interval_from_the_prompts_spread():
     assert slow["below_one"] and slow["interval"][1] == pytest.approx(0.950, abs=1e-3)
     assert mixed["speedup_geomean"] == pytest.approx(1.0) and mixed["interval"][0] < 0.01 and not mixed["below_one"]
     assert one["interval"] is None and not one["below_one"]
-    table = bench.kind_markdown([slow, mixed, one])
+    table = report.kind_markdown([slow, mixed, one])
     assert "| lookahead(auto) | slow | 3 | 0.74x | 0.74x | 0.58-0.95x | 0.67x (s1) |" in table
     assert "beyond noise (the whole interval under 1): lookahead(auto) on slow." in table
-    assert bench.kind_markdown([slow]) == ""  # one kind: the summary already says it
+    assert report.kind_markdown([slow]) == ""  # one kind: the summary already says it
     bounded = [r if r.method == "greedy" else dataclasses.replace(r, bound=2.0) for r in runs]
-    assert "| s1 | slow | 0.67x / 2.00x (34%) |" in bench.prompt_markdown(bounded)
+    assert "| s1 | slow | 0.67x / 2.00x (34%) |" in report.prompt_markdown(bounded)
     same = [dataclasses.replace(r, kind="code") for r in bounded]
-    assert "| s1 | 0.67x / 2.00x (34%) |" in bench.prompt_markdown(same)  # one kind: no column for it
+    assert "| s1 | 0.67x / 2.00x (34%) |" in report.prompt_markdown(same)  # one kind: no column for it
 
 
 def test_the_plot_names_each_prompts_kind_where_there_are_several(tmp_path, monkeypatch):
@@ -155,8 +155,8 @@ def test_the_plot_names_each_prompts_kind_where_there_are_several(tmp_path, monk
     for prompt, kind in (("a", "math"), ("b", "coding")):
         runs.append(bench.Run("greedy", prompt, 10, 1.0, True, 0.0, kind=kind))
         runs.append(bench.Run("lookahead(auto)", prompt, 10, 0.5, True, 0.0, accepted_hist=[3, 2], kind=kind))
-    bench.plot(runs, bench.summarize(runs), tmp_path / "p.png", "t")
-    bench.plot([dataclasses.replace(r, kind="code") for r in runs], bench.summarize(runs), tmp_path / "q.png", "t")
+    report.plot(runs, report.summarize(runs), tmp_path / "p.png", "t")
+    report.plot([dataclasses.replace(r, kind="code") for r in runs], report.summarize(runs), tmp_path / "q.png", "t")
     labels = [[t.get_text() for t in fig.axes[0].get_xticklabels()] for fig in saved]
     assert labels[0] == ["math", "coding"] and labels[1] == ["0", "1"]
 
@@ -357,7 +357,7 @@ def test_bench_num_beams_measures_against_plain_beam_search():
     assert [m.name for m in methods] == ["beam(3)", "lookahead beam(3)"]
     runs = bench.run_bench(model, tokenizer, prompts, methods, 8, progress=False)
     assert all(run.identical for run in runs)
-    rows = bench.summarize(runs)
+    rows = report.summarize(runs)
     assert rows[0]["speedup"] == 1.0 and rows[0]["tokens_per_step"] == 1.0
     assert rows[1]["tokens_per_step"] >= 1.0
-    assert "speedup vs beam(3)" in bench.markdown(rows, "t")
+    assert "speedup vs beam(3)" in report.markdown(rows, "t")

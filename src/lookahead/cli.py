@@ -368,7 +368,7 @@ def _generation_settings(args) -> dict:
 
 
 def _bench(args) -> int:
-    from . import bench
+    from . import report
 
     _quiet_transformers()
     device, suites, out = _check_bench(args)
@@ -381,7 +381,7 @@ def _bench(args) -> int:
         }
         if len(by_batch) > 1:
             label = Path(name).stem
-            table = bench.batch_markdown(
+            table = report.batch_markdown(
                 by_batch,
                 f"{label} by batch size ({args.model}, {args.dtype}{_weights(args)}, up to {len(prompts)} prompts)",
             )
@@ -430,7 +430,7 @@ def _check_bench(args) -> tuple[str, dict[str, list], Path]:
 def _bench_report(args, model, tokenizer, name: str, prompts: list, batch: int, out: Path) -> list[dict]:
     """One dataset at one batch size: run every method, write the report (JSON, Markdown, PNG)
     under ``out`` and print its table; returns the report's summary rows."""
-    from . import bench
+    from . import bench, report
 
     # fresh callables per dataset and batch size: Lookahead() carries its drafting statistics
     # from call to call, so each workload starts from the priors rather than another's
@@ -451,8 +451,8 @@ def _bench_report(args, model, tokenizer, name: str, prompts: list, batch: int, 
     if ran < len(prompts):
         print(f"time budget: {ran} of {len(prompts)} prompts ran")
     label = Path(name).stem
-    report = label if args.batch_size == [1] else f"{label}-batch{batch}"
-    table, rows = bench.write_report(runs, out, report, _bench_meta(args, model, name, batch, ran))
+    stem = label if args.batch_size == [1] else f"{label}-batch{batch}"
+    table, rows = report.write_report(runs, out, stem, _bench_meta(args, model, name, batch, ran))
     print(table)
     print(f"written: {out}/{report}.json, .md, .png\n")
     return rows
