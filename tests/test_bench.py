@@ -46,6 +46,8 @@ def test_bench_writes_json_markdown_and_plot(tmp_path, capsys):
         ]
     )
     assert code == 0
+    printed = capsys.readouterr().out
+    assert f"written: {out}/mine.json, .md, .png" in printed  # where the user finds the files
     report = json.loads((out / "mine.json").read_text())
     methods = [row["method"] for row in report["summary"]]
     assert methods == ["greedy", "prompt_lookup(3)", "lookahead(auto)", "lookahead(2,3,2)"]
@@ -79,7 +81,7 @@ def test_bench_writes_json_markdown_and_plot(tmp_path, capsys):
         (method, kind, 1) for method in methods[1:] for kind in ("abc", "xyz")
     ]
     assert "By prompt kind" in table and "| lookahead(auto) | xyz | 1 |" in table
-    assert "| greedy |" in capsys.readouterr().out
+    assert "| greedy |" in printed
 
 
 def test_the_bound_is_the_calls_with_the_prefill_in_it():

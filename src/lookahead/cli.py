@@ -454,7 +454,7 @@ def _bench_report(args, model, tokenizer, name: str, prompts: list, batch: int, 
     stem = label if args.batch_size == [1] else f"{label}-batch{batch}"
     table, rows = report.write_report(runs, out, stem, _bench_meta(args, model, name, batch, ran))
     print(table)
-    print(f"written: {out}/{report}.json, .md, .png\n")
+    print(f"written: {out}/{stem}.json, .md, .png\n")
     return rows
 
 
