@@ -173,7 +173,7 @@ def markdown(rows: list[dict], title: str) -> str:
     ]
     for r in rows:
         hist = " ".join(str(x) for x in r["accepted_hist"]) or "-"
-        per_step = "-" if r["tokens_per_step"] is None else f"{r['tokens_per_step']:.2f}"
+        per_step = _cell(r["tokens_per_step"], ".2f")
         lines.append(
             f"| {r['method']} | {r['tokens_per_second']:.1f} | {r['speedup']:.2f}x | {r['speedup_geomean']:.2f}x "
             f"| {per_step} | {hist} | {r['identical']:.0%} | {r['peak_mb']:.0f} |"
@@ -193,8 +193,8 @@ def markdown(rows: list[dict], title: str) -> str:
             "|---|---|---|---|---|---|---|---|",
         ]
         for r in bounded:
-            own = "-" if r["bound_own_cap"] is None else f"{r['bound_own_cap']:.2f}x"
-            own_share = "-" if r["share_of_bound_own_cap"] is None else f"{r['share_of_bound_own_cap']:.0%}"
+            own = _cell(r["bound_own_cap"], ".2f", "x")
+            own_share = _cell(r["share_of_bound_own_cap"], ".0%")
             lines.append(
                 f"| {r['method']} | {r['speedup']:.2f}x | {r['bound']:.2f}x | {r['share_of_bound']:.0%} "
                 f"| {r['share_median_prompt']:.0%} | {r['share_pooled']:.0%} | {own} | {own_share} |"
@@ -249,8 +249,8 @@ def batch_markdown(by_batch: dict[int, list[dict]], title: str) -> str:
     ]
     for batch, rows in by_batch.items():
         for r in rows:
-            per_step = "-" if r["tokens_per_step"] is None else f"{r['tokens_per_step']:.2f}"
-            wide = "-" if r["wide_share"] is None else f"{r['wide_share']:.0%}"
+            per_step = _cell(r["tokens_per_step"], ".2f")
+            wide = _cell(r["wide_share"], ".0%")
             lines.append(
                 f"| {batch} | {r['method']} | {r['throughput']:.1f} | {r['speedup']:.2f}x | {per_step} | {wide} "
                 f"| {r['identical']:.0%} |"
@@ -331,3 +331,8 @@ def write_report(runs: list[Run], out_dir: Path, name: str, meta: dict) -> tuple
     (out_dir / f"{name}.md").write_text(table + per_prompt + f"\nload average at the end: {meta['load_average']:.2f}\n")
     plot(runs, rows, out_dir / f"{name}.png", name)
     return table, rows
+
+
+def _cell(value: float | None, spec: str, unit: str = "") -> str:
+    """A table cell: ``value`` formatted by ``spec`` with ``unit`` after it, or "-" where unknown."""
+    return "-" if value is None else f"{value:{spec}}{unit}"
