@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from lookahead import datasets, lookup, pool
+from lookahead import beam_drafts, datasets, lookup, pool
 
 
 def test_a_few_prompts_are_taken_across_kinds_in_turn():
@@ -49,7 +49,7 @@ def test_a_users_file_gives_kinds_and_ids(tmp_path):
         datasets.load(str(tmp_path / "bad.jsonl"))
 
 
-@pytest.mark.parametrize("module", [datasets, lookup, pool], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [datasets, lookup, pool, beam_drafts], ids=lambda m: m.__name__)
 def test_the_examples_in_docstrings_hold(module):
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0

@@ -11,6 +11,11 @@ continuations of its longest matching suffix first.
     >>> drafter.feed(0, [5, 6, 7, 9, 6, 7, 8, 1])
     >>> drafter.drafts(0, [4, 6, 7], limit=3)  # "6 7" was followed by "8 1", and earlier by "9 6"
     [(8, 1), (9, 6)]
+    >>> drafter.drafts(0, [3, 8], limit=3)  # "8" was followed by "1", so far
+    [(1,)]
+    >>> drafter.feed(0, [5, 6, 7, 9, 6, 7, 8, 1, 2], start=6)  # the text has grown by "2"
+    >>> drafter.drafts(0, [3, 8], limit=3)
+    [(1, 2)]
 """
 
 from __future__ import annotations
@@ -27,15 +32,19 @@ class BeamDrafter:
         self._tables: list[dict[tuple[int, ...], dict[tuple[int, ...], None]]] = [{} for _ in range(batch)]
 
     def feed(self, item: int, tokens: Sequence[int], start: int = 0) -> None:
-        """Index, in item's table, the continuations after each position from ``start`` on that
-        has ``length`` tokens after it (a shorter tail is indexed once it has grown)."""
+        """Index, in item's table, the continuation after each position from ``start`` on: its
+        next ``length`` tokens, or as many as there are yet. Feeding a grown text again from
+        before its old end replaces those short tails with the longer continuations: the text a
+        beam has just committed is what it most often repeats, and its first tokens are what a
+        step that drafts one token deep needs."""
         table, length = self._tables[item], self.length
         tokens = list(tokens)
-        for end in range(max(0, start), len(tokens) - length):
+        for end in range(max(0, start), len(tokens) - 1):
             continuation = tuple(tokens[end + 1 : end + 1 + length])
             for m in range(1, min(self.max_suffix, end + 1) + 1):
                 found = table.setdefault(tuple(tokens[end - m + 1 : end + 1]), {})
-                found.pop(continuation, None)
+                for cut in range(1, len(continuation) + 1):  # itself, or a tail it has grown from
+                    found.pop(continuation[:cut], None)
                 found[continuation] = None
                 if len(found) > PER_KEY:
                     del found[next(iter(found))]
