@@ -228,40 +228,99 @@ def test_smollm2_humaneval_ten_prompts(smollm2):
     assert passes < depths, (passes, depths)
 
 
+def _seen_nothing(pricing) -> None:
+    """As if many drafted steps had gained no depth: drafting does not pay at any length."""
+    for state in (False, True):
+        pricing.went[state], pricing.tried[state] = [0.0] * 3, [1e6] * 3
+
+
 def _probe_gaps(pricing, depths) -> list[int]:
     """Plain steps before each drafted probe, when the probes gain ``depths`` in turn."""
     gaps, plain = [], 0
     for depth in depths:
-        while not pricing.drafts(13):
+        while not (length := pricing.length(3, lambda n: 1 + 4 * n)):
             plain += 1
         gaps.append(plain)
         plain = 0
-        pricing.record(depth)
+        pricing.record(length, depth)
     return gaps
 
 
-def test_probes_back_off_while_they_gain_nothing_and_come_back_when_one_does():
-    """Drafting that costs more than it gains (a ratio of 10) stops, but for probes: each probe
-    that gains no depth doubles the wait before the next, up to PROBE_MOST plain steps, and one
-    that gains depths sets it back to PROBE_EVERY."""
-    from lookahead.beams import PROBE_EVERY, PROBE_MOST, DraftPricing
+def test_probes_come_every_few_steps_while_drafting_does_not_pay():
+    """Drafting that costs more than it gains stops, but for a probe every PROBE_EVERY steps where
+    probes are cheap (a drafted step at 1.3 plain ones)."""
+    from lookahead.beams import PROBE_EVERY, DraftPricing
 
-    pricing = DraftPricing(lambda tokens: 1.3)  # cheap enough that the back-off alone spaces probes
-    pricing.gain = 1.0  # seen already: drafting does not pay
-    gaps = _probe_gaps(pricing, [1, 1, 1, 1, 1, 2, 1])
-    assert gaps == [PROBE_EVERY - 1, 2 * PROBE_EVERY - 1, 4 * PROBE_EVERY - 1, PROBE_MOST - 1, PROBE_MOST - 1,
-                    PROBE_MOST - 1, PROBE_EVERY - 1]  # fmt: skip
+    pricing = DraftPricing(lambda tokens: 1.3, 3)
+    _seen_nothing(pricing)
+    assert _probe_gaps(pricing, [1, 1, 2, 1, 1]) == [PROBE_EVERY - 1] * 5
 
 
-@pytest.mark.parametrize("ratio", [2.0, 5.0, 10.0])
+def test_a_step_that_gains_is_priced_by_what_follows_gains():
+    """Drafted steps that gain make the next one likelier to gain: the pricing keeps what it saw
+    after a gain apart, and drafts on after a gain where it would not after a plain step or a
+    drafted step that gained nothing."""
+    from lookahead.beams import DraftPricing
+
+    pricing = DraftPricing(lambda tokens: 1.0 if tokens == 1 else 1.4, 1)
+    pricing.went, pricing.tried = {False: [2.0], True: [8.0]}, {False: [10.0], True: [10.0]}
+    assert pricing.length(1, lambda n: 5) == 0  # 1.2 depths for 1.4 steps
+    pricing.record(1, 2)
+    assert pricing.length(1, lambda n: 5) == 1  # after a gain: 1.8 for 1.4
+    pricing.record(1, 1)
+    assert pricing.length(1, lambda n: 5) == 0
+
+
+@pytest.mark.parametrize("ratio", [2.0, 3.0, 3.5])
 def test_dear_probes_wait_until_they_cost_at_most_their_share(ratio):
     """Where a drafted step costs ``ratio`` plain ones, probes that gain nothing, even ones that
     once gained (which reset the back-off), cost at most PROBE_SHARE of the steps: a probe's extra
     cost (ratio - 1 plain steps) over the plain steps before it."""
     from lookahead.beams import PROBE_SHARE, DraftPricing
 
-    pricing = DraftPricing(lambda tokens: ratio)
-    pricing.gain = 1.0
+    pricing = DraftPricing(lambda tokens: ratio, 3)
+    _seen_nothing(pricing)
     gaps = _probe_gaps(pricing, [1, 2, 1, 2, 1, 1])
     extra = len(gaps) * (ratio - 1)
     assert extra / (sum(gaps) + len(gaps)) <= PROBE_SHARE + 1e-9, gaps
+
+
+def test_no_probe_where_even_a_perfect_draft_would_not_pay():
+    """Chains of up to 3 tokens advance at most 4 depths: where every drafted step costs 5 plain
+    ones (bf16 on a CPU without AVX-512), no step drafts, not even a probe."""
+    from lookahead.beams import DraftPricing
+
+    pricing = DraftPricing(lambda tokens: 1.0 if tokens == 1 else 5.0, 3)
+    pricing.went = {state: [1.0] * 3 for state in (False, True)}  # as if every depth went on
+    assert not any(pricing.length(3, lambda n: 1 + 4 * n) for _ in range(1000))
+
+
+@pytest.mark.parametrize(("chance", "length"), [(0.8, 1), (0.95, 3)])
+def test_pricing_drafts_the_length_that_gains_most_per_cost(chance, length):
+    """Four chains a beam, each token per row 10% of a plain step: a first depth that goes on 80%
+    of the time and deeper ones 10% make one token deep the best buy (1.8 depths for 1.4 steps,
+    against 1.88 for 1.8 and 1.89 for 2.2); when every depth goes on 95% of the time, three."""
+    from lookahead.beams import DraftPricing
+
+    pricing = DraftPricing(lambda tokens: 1 + 0.1 * (tokens - 1), 3)
+    deeper = 0.1 if chance < 0.9 else chance
+    pricing.went[False], pricing.tried[False] = [chance, deeper, deeper], [1.0, 1.0, 1.0]
+    assert pricing.length(3, lambda n: 1 + 4 * n) == length
+    assert pricing.length(2, lambda n: 1 + 4 * n) == min(length, 2)  # no deeper than fits
+
+
+def test_pricing_learns_how_often_each_depth_goes_on():
+    """Steps drafted 2 deep that always advance 2 depths: the first depth goes on, the second never
+    (so a 2-deep step is worth 2 depths, and 1 deep as much); a plain step's cost of 1 makes that
+    worth drafting, while steps that advance 1 depth bring the estimate down to about 1."""
+    from lookahead.beams import DraftPricing
+
+    pricing = DraftPricing(lambda tokens: 1.0 + 0.05 * (tokens - 1), 3)
+    for _ in range(40):
+        pricing.record(2, 2)
+    assert pricing.expected_depth(1) == pytest.approx(2.0, abs=0.01)
+    assert pricing.expected_depth(3) == pytest.approx(2.0, abs=0.01)
+    assert pricing.length(3, lambda n: 1 + 4 * n) == 1  # as many depths, for the fewest tokens
+    for _ in range(40):
+        pricing.record(1, 1)
+    assert pricing.expected_depth(1) == pytest.approx(1.0, abs=0.02)
