@@ -229,19 +229,21 @@ def test_smollm2_humaneval_ten_prompts(smollm2):
 
 
 def _seen_nothing(pricing) -> None:
-    """As if many drafted steps had gained no depth: drafting does not pay at any length."""
-    for state in (False, True):
-        pricing.went[state], pricing.tried[state] = [0.0] * 3, [1e6] * 3
+    """As if many drafted steps had gained no depth, except right after a gain, where every depth
+    went on: drafting does not pay now, and probes may."""
+    pricing.went[False], pricing.tried[False] = [0.0] * 3, [1e6] * 3
+    pricing.went[True], pricing.tried[True] = [1e6] * 3, [1e6] * 3
 
 
 def _probe_gaps(pricing, depths) -> list[int]:
     """Plain steps before each drafted probe, when the probes gain ``depths`` in turn."""
-    gaps, plain = [], 0
+    gaps = []
     for depth in depths:
+        plain = 0
         while not (length := pricing.length(3, lambda n: 1 + 4 * n)):
             plain += 1
+            assert plain < 10_000, "no probe"
         gaps.append(plain)
-        plain = 0
         pricing.record(length, depth)
     return gaps
 
@@ -253,7 +255,7 @@ def test_probes_come_every_few_steps_while_drafting_does_not_pay():
 
     pricing = DraftPricing(lambda tokens: 1.3, 3)
     _seen_nothing(pricing)
-    assert _probe_gaps(pricing, [1, 1, 2, 1, 1]) == [PROBE_EVERY - 1] * 5
+    assert _probe_gaps(pricing, [1, 1, 1, 1, 1]) == [PROBE_EVERY - 1] * 5
 
 
 def test_a_step_that_gains_is_priced_by_what_follows_gains():
@@ -273,14 +275,14 @@ def test_a_step_that_gains_is_priced_by_what_follows_gains():
 
 @pytest.mark.parametrize("ratio", [2.0, 3.0, 3.5])
 def test_dear_probes_wait_until_they_cost_at_most_their_share(ratio):
-    """Where a drafted step costs ``ratio`` plain ones, probes that gain nothing, even ones that
-    once gained (which reset the back-off), cost at most PROBE_SHARE of the steps: a probe's extra
-    cost (ratio - 1 plain steps) over the plain steps before it."""
+    """Where a drafted step costs ``ratio`` plain ones, probes that gain nothing cost at most
+    PROBE_SHARE of the steps: a probe's extra cost (ratio - 1 plain steps) over the plain steps
+    before it."""
     from lookahead.beams import PROBE_SHARE, DraftPricing
 
     pricing = DraftPricing(lambda tokens: ratio, 3)
     _seen_nothing(pricing)
-    gaps = _probe_gaps(pricing, [1, 2, 1, 2, 1, 1])
+    gaps = _probe_gaps(pricing, [1] * 6)
     extra = len(gaps) * (ratio - 1)
     assert extra / (sum(gaps) + len(gaps)) <= PROBE_SHARE + 1e-9, gaps
 
@@ -291,8 +293,20 @@ def test_no_probe_where_even_a_perfect_draft_would_not_pay():
     from lookahead.beams import DraftPricing
 
     pricing = DraftPricing(lambda tokens: 1.0 if tokens == 1 else 5.0, 3)
-    pricing.went = {state: [1.0] * 3 for state in (False, True)}  # as if every depth went on
+    pricing.went = {state: [2.0] * 3 for state in (False, True)}  # every depth went on, so far
     assert not any(pricing.length(3, lambda n: 1 + 4 * n) for _ in range(1000))
+
+
+def test_no_probe_of_a_length_that_would_not_pay_even_after_a_gain():
+    """Probes run only where a run of gains would pay: after a gain every depth goes on half the
+    time here, so one token deep at 1.6 plain steps (1.5 depths) is never probed, while at 1.3 it
+    is, every PROBE_EVERY plain steps."""
+    from lookahead.beams import PROBE_EVERY, DraftPricing
+
+    for cost, probes in ((1.6, 0), (1.3, 1000 // PROBE_EVERY)):
+        pricing = DraftPricing(lambda tokens, cost=cost: 1.0 if tokens == 1 else cost, 1)
+        pricing.went[False], pricing.tried[False] = [0.0], [1e6]  # plain steps seen, no gain yet
+        assert sum(pricing.length(1, lambda n: 5) > 0 for _ in range(1000)) == probes
 
 
 @pytest.mark.parametrize(("chance", "length"), [(0.8, 1), (0.95, 3)])

@@ -33,8 +33,9 @@ one new token: its row is a copy of row ``i`` that keeps ``t_i`` and the path's 
 one-token steps would leave it.
 
 Drafting costs slots: a step whose rows carry ``1 + G * L`` tokens costs more than a plain one,
-by the batch's measured cost curve (``BatchCosts``). :class:`DraftPricing` drafts only while the
-depths it gains pay for that, and otherwise runs plain one-token steps, probing now and then.
+by the batch's measured cost curve (``BatchCosts``). :class:`DraftPricing` chooses each step how
+deep to draft, ``L`` from 1 to ``N - 1``, for the most depths per cost, and runs a plain one-token
+step where no length pays, probing now and then.
 """
 
 from __future__ import annotations
@@ -92,8 +93,8 @@ class DraftPricing:
     While no length does, a drafted probe of the best one runs after ``PROBE_EVERY`` plain steps,
     or more: at least ``(ratio - 1) / PROBE_SHARE``, so that a probe that gains nothing costs at
     most ``PROBE_SHARE`` of the steps around it (where a drafted step costs 5 plain ones, as bf16
-    on a CPU without AVX-512, 80). A length that would not pay even if every depth went on
-    (``L + 1`` depths) is never probed. What a probe sees updates the estimates: beams that fork at
+    on a CPU without AVX-512, 80). A length that would not pay even right after a gain, where
+    steps gain most, is never probed. What a probe sees updates the estimates: beams that fork at
     every token at first often settle into text that drafts well later in the same call."""
 
     def __init__(self, ratio: Callable[[int], float], longest: int) -> None:
@@ -104,9 +105,11 @@ class DraftPricing:
         self.after_gain = False
         self.plain_run = 0
 
-    def expected_depth(self, length: int) -> float:
-        """The depths a step drafting ``length`` deep is expected to advance, from now."""
-        went, tried = self.went[self.after_gain], self.tried[self.after_gain]
+    def expected_depth(self, length: int, after_gain: bool | None = None) -> float:
+        """The depths a step drafting ``length`` deep is expected to advance, from now (or right
+        after a step that gained, or not, as ``after_gain`` says)."""
+        state = self.after_gain if after_gain is None else after_gain
+        went, tried = self.went[state], self.tried[state]
         depth = reach = 1.0
         for d in range(length):
             reach *= went[d] / tried[d]
@@ -121,8 +124,8 @@ class DraftPricing:
         best = max(value, key=value.__getitem__, default=0)
         if best and value[best] >= MARGIN:
             return best
-        # a probe, of a length that would pay if every depth went on, now and then
-        hopeful = [n for n in cost if (n + 1) / cost[n] >= MARGIN]
+        # a probe now and then, of a length that would pay in a run of gains
+        hopeful = [n for n in cost if self.expected_depth(n, after_gain=True) / cost[n] >= MARGIN]
         self.plain_run += 1
         if hopeful:
             best = max(hopeful, key=value.__getitem__)
@@ -294,7 +297,7 @@ class BeamSearch:
         )
         want = generation_config.return_dict_in_generate
         self.record = {"scores": [], "logits": [], "output_scores": bool(want and generation_config.output_scores)}
-        self.pricing = DraftPricing(settings.ratio or (lambda tokens: 1.0), settings.length)
+        self.pricing = DraftPricing(settings.ratio or (lambda tokens: 1.0), settings.length)  # if priced
         self.stats = BeamStats()
         self.drafter = BeamDrafter(self.state.batch, max(1, settings.length))
         self.hints: list[list[int]] = [[] for _ in range(self.state.batch * self.state.num_beams)]
@@ -343,6 +346,8 @@ class BeamSearch:
         by_length = {n: _cut(found, chains, n) for n in range(1, most + 1)}
         if not any(by_length[1]):
             return 0, []
+        if self.settings.ratio is None:  # W/N/G as asked: every step drafts the longest chains
+            return most, by_length[most]
         length = self.pricing.length(most, lambda n: 1 + n * max(map(len, by_length[n])))
         return length, by_length.get(length, [])
 
