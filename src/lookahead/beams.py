@@ -132,8 +132,11 @@ class DraftPricing:
             if self.plain_run >= max(PROBE_EVERY, (cost[best] - 1) / PROBE_SHARE):
                 self.plain_run = 0
                 return best
-        self.after_gain = False
         return 0
+
+    def plain_step(self) -> None:
+        """A step ran plain: the next one does not follow a gain."""
+        self.after_gain = False
 
     def record(self, length: int, depth: int) -> None:
         """A step drafted ``length`` deep advanced ``depth`` depths."""
@@ -297,7 +300,7 @@ class BeamSearch:
         )
         want = generation_config.return_dict_in_generate
         self.record = {"scores": [], "logits": [], "output_scores": bool(want and generation_config.output_scores)}
-        self.pricing = DraftPricing(settings.ratio or (lambda tokens: 1.0), settings.length)  # if priced
+        self.pricing = DraftPricing(settings.ratio or (lambda tokens: 1.0), settings.length)
         self.stats = BeamStats()
         self.drafter = BeamDrafter(self.state.batch, max(1, settings.length))
         self.hints: list[list[int]] = [[] for _ in range(self.state.batch * self.state.num_beams)]
@@ -364,6 +367,8 @@ class BeamSearch:
         if drafted:
             stats.drafted_steps += 1
             self.pricing.record(drafted, depth)
+        else:
+            self.pricing.plain_step()
 
 
 def prefill(runner, prompts: Sequence[Sequence[int]], k: int, media=None) -> torch.Tensor:
