@@ -3,14 +3,28 @@
 :func:`model_cost_curve` is what ``Lookahead()`` prices a lone sequence's steps with, and
 :func:`model_batch_costs` what it prices a batch's steps with: both run the model's own forward
 passes (:func:`_calibration_step`) through ``lookahead.costs``, which times them once per model,
-device, dtype and thread count and reads them back from disk after.
+device, dtype and thread count and reads them back from disk after. :func:`measure_again` times
+the stored ones again (``lookahead calibrate``).
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+
 import torch
 
-from .costs import BATCH_CONTEXTS, BatchCosts, CostCurve, batch_curve, batch_sizes_to_measure, cost_curve
+from .costs import (
+    BATCH_CONTEXTS,
+    BatchCosts,
+    CostCurve,
+    batch_curve,
+    batch_sizes_to_measure,
+    cost_curve,
+    curve_key,
+    forget,
+    stored_curves,
+)
 from .layout import build_layout
 from .runner import DecoderRunner, Seq2SeqRunner
 from .support import ModelTraits, check_model
@@ -42,6 +56,47 @@ def model_batch_costs(model, spec: ModelTraits, batch: int, rows: int) -> BatchC
         sizes = batch_sizes_to_measure(batch)
         by_batch = tuple((size, tuple((length, measured(size, length)) for length in contexts)) for size in sizes)
     return BatchCosts(single, by_batch)
+
+
+@dataclass(frozen=True)
+class Remeasured:
+    """One curve measured again: what it prices (``batch`` sequences after ``context`` cached
+    tokens; 1 and 0 for the lone sequence's curve), the stored one it replaced (None if there
+    was none), and the new one."""
+
+    batch: int
+    context: int
+    before: CostCurve | None
+    after: CostCurve
+
+
+_BATCH_KEY = re.compile(r"\|batch-(\d+)\|context-(\d+)$")
+
+
+def measure_again(model, spec: ModelTraits | None = None) -> list[Remeasured]:
+    """Time the model's cost curves again on its device, dtype and thread count, replacing the
+    stored ones: the lone sequence's, and each batch's curve stored on this machine, to the same
+    token count (a curve timed while other work loaded the machine prices every later call until
+    then; ``lookahead calibrate`` runs this)."""
+    spec = spec or check_model(model)
+    before = stored_curves(model)
+    forget(list(before))
+    own = curve_key(model)
+    done = [Remeasured(1, 0, before.get(own), model_cost_curve(model, spec))]
+    for key, old in sorted(before.items()):
+        found = _BATCH_KEY.search(key)
+        if key == own or found is None:
+            continue
+        batch, context = int(found[1]), int(found[2])
+        with torch.no_grad():
+            new = batch_curve(model, batch, context, old.points[-1][0], _stepper(model, spec, batch, context))
+        done.append(Remeasured(batch, context, old, new))
+    return done
+
+
+def _stepper(model, spec: ModelTraits, batch: int, length: int):
+    """What ``batch_curve`` calls for its timed pass (bound now, not at the loop's last values)."""
+    return lambda: _calibration_step(model, spec, batch, length)
 
 
 def _context(spec: ModelTraits, length: int) -> int:
@@ -78,4 +133,4 @@ def _calibration_step(model, spec: ModelTraits, batch: int = 1, length: int = 64
     return step
 
 
-__all__ = ["model_batch_costs", "model_cost_curve"]
+__all__ = ["Remeasured", "measure_again", "model_batch_costs", "model_cost_curve"]

@@ -1,4 +1,4 @@
-"""Command line: ``lookahead generate "PROMPT"``.
+"""Command line: ``lookahead generate "PROMPT"``, ``bench``, ``serve`` and ``calibrate``.
 
 The library never prints; this module formats what it returns.
 """
@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import models
+from . import cli_calibrate, models
 from .images import DEFAULT_MAX_IMAGE_PIXELS
 from .quantization import SCHEMES
 
@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(sub)
     _add_bench(sub)
     _add_serve(sub)
+    cli_calibrate.add_parser(sub)
     return parser
 
 
@@ -202,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
+        if args.command == "calibrate":
+            _quiet_transformers()
+            return cli_calibrate.run(args, _device(args.device))
         return {"bench": _bench, "serve": _serve}.get(args.command, _generate)(args)
     except KeyboardInterrupt:
         return 130

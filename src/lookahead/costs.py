@@ -85,6 +85,7 @@ def measure(step: Callable[[int], None], counts: Sequence[int] = GRID, pairs: in
     T(k)/T(1) is the sum of k's two timings over the sum of the first count's two. T(k) is the
     median of the pairs' ratios times the median timing of the first count: one slow spell moves
     one pair, not the curve. Never decreasing in k."""
+    _warn_if_busy()
     for k in counts:
         step(k)
     seconds: dict[int, list[float]] = {k: [] for k in counts}
@@ -103,6 +104,28 @@ def measure(step: Callable[[int], None], counts: Sequence[int] = GRID, pairs: in
         floor = max(floor, unit * statistics.median(ratios))
         points.append((k, floor))
     return CostCurve(tuple(points))
+
+
+# a 1-minute load average above this many runnable threads per core, before a curve is timed, says
+# that other work shares the machine (this process's own threads account for at most one a core)
+BUSY_PER_CORE = 1.5
+
+
+def _warn_if_busy() -> None:
+    """Log a warning where other work seems to load the machine: a curve timed then is kept, and
+    prices every later call (on a 2-core CPU, one timed beside another job put a one-token step at
+    4x its cost). The load average lags by up to a minute, so this catches steady work only."""
+    try:
+        load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    except (AttributeError, OSError):  # no load average on this platform
+        return
+    if load > BUSY_PER_CORE * cores:
+        logger.warning(
+            "timing a cost curve while the machine looks busy (1-minute load average %.1f on %d cores): "
+            "it is kept and prices every later call; run `lookahead calibrate` once the machine is idle",
+            load,
+            cores,
+        )
 
 
 _curves: dict[tuple, CostCurve] = {}
@@ -180,6 +203,34 @@ def _stored(key: str) -> CostCurve | None:
     """The curve stored on disk under ``key``, or None."""
     stored = _read_disk().get(key)
     return CostCurve(tuple((int(k), float(s)) for k, s in stored)) if stored else None
+
+
+def stored_curves(model) -> dict[str, CostCurve]:
+    """The curves stored on disk for ``model`` on its device, dtype and thread count: its own
+    (under :func:`curve_key`) and each batch's (:func:`batch_curve`), by key."""
+    own = curve_key(model)
+    return {
+        key: CostCurve(tuple((int(k), float(s)) for k, s in points))
+        for key, points in _read_disk().items()
+        if key == own or key.startswith(own + "|batch-")
+    }
+
+
+def forget(keys: Sequence[str]) -> None:
+    """Remove the curves stored under ``keys``, on disk and in this process: the next call that
+    needs one measures it again."""
+    for key in keys:
+        _curves.pop(key, None)
+    path = _disk_path()
+    with locked(path.with_suffix(".lock")):
+        data = _read_disk()
+        if not any(key in data for key in keys):
+            return
+        for key in keys:
+            data.pop(key, None)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        tmp.replace(path)
 
 
 def _write_disk(key: str, curve: CostCurve) -> None:
