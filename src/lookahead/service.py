@@ -14,7 +14,9 @@ A request is queued by :meth:`Service.submit`; at the next step boundary the thr
 requests up to ``max_batch_size`` (prefilling them together), then steps the batch. After every
 step each request's new tokens go to its own ``asyncio.Queue`` as :class:`Event` objects; the last
 one says why it finished. A cancelled request (a client that went away) leaves the batch at the
-next step boundary.
+next step boundary. What a request's sequence runs with (its settings, sampling, stopping and the
+model's own logits processors) is :mod:`lookahead.sequence_setup`'s; which queued requests a step
+prefills, :mod:`lookahead.admission_plan`'s.
 
 A vision-language model's requests (:func:`lookahead.media.takes_images`), text-only ones too,
 are each prefilled alone and whole, as the model's own ``generate`` prefills them
@@ -31,9 +33,7 @@ alone or in any batch, with or without lookahead.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
-import random
 import threading
 import time
 from collections import deque
@@ -41,28 +41,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from transformers import (
-    EosTokenCriteria,
-    LogitsProcessorList,
-    MinLengthLogitsProcessor,
-    MinNewTokensLengthLogitsProcessor,
-    NoBadWordsLogitsProcessor,
-    NoRepeatNGramLogitsProcessor,
-    RepetitionPenaltyLogitsProcessor,
-    StoppingCriteriaList,
-    SuppressTokensLogitsProcessor,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-)
 
-from .assembly import make_chooser, make_drafter, new_sequence, settle
+from .admission_plan import StepPlan, plan_step, plan_whole
+from .assembly import make_chooser, make_drafter, settle
 from .config import LookaheadConfig, LookaheadStats
 from .emission import Emitter
 from .engine import ChunkedPrefill, Engine
 from .media import MediaPrefill, takes_images
 from .pool import PoolFeed, SharedPool
 from .runner import AdmissionError
+from .sequence_setup import SequenceSetup, not_applied
 from .sequences import SeqState
 from .support import check_model
 
@@ -194,9 +182,8 @@ class Service:
         self.engine = Engine(
             model, cfg, spec, chooser, Emitter(), self.stats, on_finish=self._finished, drafter=drafter
         )
-        eos = model.generation_config.eos_token_id
-        self.eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-        ignored = _not_applied(model.generation_config)
+        self.setup = SequenceSetup(model, cfg)
+        ignored = not_applied(model.generation_config)
         if ignored:
             logger.warning(
                 "the model's generation_config sets %s, which this server does not apply: its greedy text "
@@ -322,45 +309,15 @@ class Service:
             if self._abandon:
                 self._fail_all(list(self._pending), ShutdownTimeout("the server shut down before the request finished"))
 
-    def _plan(self) -> _Plan:
-        """What this step prefills, within ``prefill_chunk`` prompt tokens (padding included), in
-        the queue's order: first the next chunk of a long prompt under way; then newcomers whose
-        prompts fit together in what is left; then, where the next one is longer than a chunk and
-        none is under way, its first chunk. Called with the lock held."""
+    def _plan(self) -> StepPlan:
+        """What this step prefills (:mod:`lookahead.admission_plan`). Called with the lock held."""
+        room = self.max_batch_size - len(self.engine.active)
         if self.vlm:
-            return self._plan_whole()
-        budget, room = self.prefill_chunk, self.max_batch_size - len(self.engine.active)
-        chunk = 0
-        if self._prefilling is not None:
-            chunk, room = min(budget, self._prefilling[1].left), room - 1
-            budget -= chunk
-        newcomers, longest, start = [], 0, None
-        while self._pending and room > 0:
-            length = len(self._pending[0].prompt_ids)
-            if max(longest, length) * (len(newcomers) + 1) <= budget:
-                newcomers.append(self._pending.popleft())
-                longest, room = max(longest, length), room - 1
-                continue
-            left = budget - longest * len(newcomers)
-            if length > self.prefill_chunk and self._prefilling is None and left > 0:
-                start = (self._pending.popleft(), left)
-            break
-        return _Plan(newcomers, chunk, start)
+            return plan_whole(self._pending, room, self.prefill_chunk)
+        under_way = None if self._prefilling is None else self._prefilling[1].left
+        return plan_step(self._pending, room, self.prefill_chunk, under_way)
 
-    def _plan_whole(self) -> _Plan:
-        """A VLM's plan: newcomers in the queue's order while their prompts fit ``prefill_chunk``
-        tokens together, and the first whatever its length (a VLM's prefill is not cut in chunks)."""
-        budget, room = self.prefill_chunk, self.max_batch_size - len(self.engine.active)
-        newcomers, total = [], 0
-        while self._pending and room > 0:
-            length = len(self._pending[0].prompt_ids)
-            if newcomers and total + length > budget:
-                break
-            newcomers.append(self._pending.popleft())
-            total, room = total + length, room - 1
-        return _Plan(newcomers, 0, None)
-
-    def _advance(self, plan: _Plan) -> None:
+    def _advance(self, plan: StepPlan) -> None:
         start = time.perf_counter()
         stats = self.stats
         before = (stats.steps, stats.sequence_steps, stats.new_tokens)
@@ -384,7 +341,7 @@ class Service:
             deltas = [b - a for a, b in zip(before, after, strict=True)]
             self.on_step(seconds, len(self.engine.active), *deltas)
 
-    def _prefill_long(self, plan: _Plan) -> list[Request]:
+    def _prefill_long(self, plan: StepPlan) -> list[Request]:
         """The next chunk of the long prompt under way (or the first of a new one) -> [it] once it
         has joined the batch. A failure, or a cancellation, ends that request alone."""
         if plan.start is not None:
@@ -479,46 +436,7 @@ class Service:
         return ready
 
     def _sequence(self, request: Request) -> SeqState:
-        w, n, g = request.settings(self.cfg)
-        cfg = dataclasses.replace(self.cfg, window_size=w)
-        ids = torch.tensor([request.prompt_ids], device=self.model.device)
-        max_length = len(request.prompt_ids) + request.max_tokens
-        pool = self._pool_for(request.pool_scope)
-        seq = new_sequence(cfg, 0, ids, request.prompt_ids, max_length, full_window=True, shared=pool)
-        # a request's own N caps its drafts too; without one, drafts run to the server's draft length
-        own_n = request.lookahead[1] if request.lookahead else None
-        seq.max_candidates, seq.ngram_size = g, (None if own_n is None else n)
-        seq.criteria = StoppingCriteriaList([EosTokenCriteria(self.eos)]) if self.eos else None
-        processors = self._model_processors(len(request.prompt_ids))
-        if request.temperature > 0:
-            processors.append(TemperatureLogitsWarper(float(request.temperature)))
-            if request.top_k:
-                processors.append(TopKLogitsWarper(request.top_k))
-            if request.top_p < 1.0:
-                processors.append(TopPLogitsWarper(float(request.top_p)))
-            seq.seed = request.seed if request.seed is not None else random.getrandbits(63)
-        seq.processors = LogitsProcessorList(processors) if processors else None
-        return seq
-
-    def _model_processors(self, prompt_length: int) -> list:
-        """The logits processors that the model's own generation_config gives every
-        ``model.generate`` call (a model may ship a repetition_penalty), in transformers' order;
-        those this server does not build are named at start (``_not_applied``)."""
-        config, eos = self.model.generation_config, torch.tensor(self.eos, dtype=torch.long)
-        out = []
-        if config.repetition_penalty is not None and config.repetition_penalty != 1.0:
-            out.append(RepetitionPenaltyLogitsProcessor(config.repetition_penalty))
-        if config.no_repeat_ngram_size:
-            out.append(NoRepeatNGramLogitsProcessor(config.no_repeat_ngram_size))
-        if config.bad_words_ids is not None:
-            out.append(NoBadWordsLogitsProcessor(config.bad_words_ids, eos))
-        if config.min_length and self.eos:
-            out.append(MinLengthLogitsProcessor(config.min_length, eos))
-        if config.min_new_tokens and self.eos:
-            out.append(MinNewTokensLengthLogitsProcessor(prompt_length, config.min_new_tokens, eos))
-        if config.suppress_tokens is not None:
-            out.append(SuppressTokensLogitsProcessor(config.suppress_tokens))
-        return out
+        return self.setup.sequence(request, self._pool_for(request.pool_scope))
 
     def _pool_for(self, scope: str | None) -> SharedPool | None:
         if self.shared_pool is None or not self.pool_scopes:
@@ -582,21 +500,3 @@ class Service:
 
 class ShutdownTimeout(RuntimeError):
     """The server stopped before the request finished (its drain timed out)."""
-
-
-@dataclass
-class _Plan:
-    """What one step prefills (``Service._plan``)."""
-
-    newcomers: list[Request]  # prefilled together, short prompts
-    chunk: int  # tokens of the long prompt under way
-    start: tuple[Request, int] | None  # a long prompt starting, and its first chunk's tokens
-
-
-# generation_config fields that change what plain generate emits, beyond those _model_processors builds
-_OTHER_OUTPUT_FIELDS = ("sequence_bias", "forced_bos_token_id", "forced_eos_token_id",
-                        "exponential_decay_length_penalty", "begin_suppress_tokens", "watermarking_config")  # fmt: skip
-
-
-def _not_applied(config) -> list[str]:
-    return [name for name in _OTHER_OUTPUT_FIELDS if getattr(config, name, None) is not None]
