@@ -335,13 +335,14 @@ def test_a_prompt_that_cannot_fit_is_refused_before_it_is_tokenized():
 
 
 def test_api_keys_come_from_flags_a_file_and_the_environment(tmp_path, monkeypatch):
-    from lookahead.cli import _api_keys, build_parser
+    from lookahead.cli import build_parser
+    from lookahead.cli_serve import api_keys
 
     keys = tmp_path / "keys"
     keys.write_text("# the team's keys\nkey-b\n\n  key-c  \nkey-a\n")
 
     def parse(*argv):
-        return _api_keys(build_parser().parse_args(["serve", *argv]))
+        return api_keys(build_parser().parse_args(["serve", *argv]))
 
     monkeypatch.delenv("LOOKAHEAD_API_KEYS", raising=False)
     assert parse() == []

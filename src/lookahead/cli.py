@@ -1,6 +1,7 @@
-"""Command line: ``lookahead generate "PROMPT"``, ``bench``, ``serve`` and ``calibrate``.
+"""Command line: ``lookahead generate "PROMPT"`` and ``lookahead bench`` here, ``serve`` in
+:mod:`lookahead.cli_serve` and ``calibrate`` in :mod:`lookahead.cli_calibrate`.
 
-The library never prints; this module formats what it returns.
+The library never prints; these modules format what it returns.
 """
 
 from __future__ import annotations
@@ -9,17 +10,15 @@ import argparse
 import importlib.util
 import logging
 import math
-import signal
 import sys
 import time
 from pathlib import Path
 
-from . import cli_calibrate, models
-from .images import DEFAULT_MAX_IMAGE_PIXELS
+from . import cli_calibrate, cli_serve, models
+from .cli_common import device_for, quiet_transformers, wng
 from .quantization import SCHEMES
 
 EXIT_USAGE = 2
-API_KEYS_VARIABLE = "LOOKAHEAD_API_KEYS"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -32,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_generate(sub)
     _add_bench(sub)
-    _add_serve(sub)
+    cli_serve.add_parser(sub)
     cli_calibrate.add_parser(sub)
     return parser
 
@@ -123,156 +122,17 @@ def _add_bench(sub) -> None:
     )
 
 
-def _add_serve(sub) -> None:
-    """``lookahead serve``'s options."""
-    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching")
-    serve.add_argument("--model", default=models.DEFAULT_MODEL, help="as for generate (default: %(default)s)")
-    serve.add_argument("--dtype", default="bfloat16", choices=sorted(models.DTYPES), help="default: %(default)s")
-    serve.add_argument("--device", default="auto", help="cpu | cuda | cuda:N (default: auto: cuda when available)")
-    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
-    serve.add_argument("--port", type=int, default=8000, help="default: %(default)s")
-    serve.add_argument("--max-batch-size", type=int, default=8, help="sequences decoded together (default: 8)")
-    serve.add_argument("--max-queue", type=int, default=64, help="requests waiting before 429 (default: 64)")
-    _add_serve_access(serve)
-    serve.add_argument(
-        "--prefill-chunk",
-        type=int,
-        default=512,
-        metavar="N",
-        help="prompt tokens prefilled per engine step, so that a long prompt is prefilled in chunks between "
-        "decode steps (default: %(default)s)",
-    )
-    serve.add_argument("--plain", action="store_true", help="one-token steps only: the baseline to measure against")
-    serve.add_argument("--no-shared-pool", action="store_true", help="do not share n-grams across requests")
-    serve.add_argument(
-        "--sampling-defaults",
-        choices=("model", "openai"),
-        default="model",
-        help="what a request that leaves out temperature/top_p/top_k gets: the model's generation_config "
-        "where it sets them (default), or OpenAI's (temperature 1, no cut)",
-    )
-    serve.add_argument("-W", "--window-size", type=int, help="server-wide W (default: picked for the device)")
-    serve.add_argument("-N", "--ngram-size", type=int, help="server-wide N")
-    serve.add_argument("-G", "--max-candidates", type=int, help="server-wide G")
-
-
-def _add_serve_access(parser) -> None:
-    """``lookahead serve``'s options on its callers: API keys, whose n-grams their drafts draw on,
-    the largest body, how long a shutdown waits for them."""
-    parser.add_argument(
-        "--api-key",
-        action="append",
-        default=[],
-        help="require 'Authorization: Bearer KEY' on /v1/*; may be given more than once (keys also come from "
-        f"--api-key-file and from ${API_KEYS_VARIABLE}, comma-separated, which keep them out of ps)",
-    )
-    parser.add_argument(
-        "--api-key-file", metavar="PATH", help="API keys, one a line (blank lines and #-comments skipped)"
-    )
-    parser.add_argument(
-        "--pool-scope",
-        choices=("shared", "key"),
-        help="whose n-grams a request's drafts may draw on: every request's (shared) or its own API key's (key); "
-        "default: key with more than one API key, else shared",
-    )
-    parser.add_argument(
-        "--max-body-bytes",
-        type=int,
-        default=4 * 1024 * 1024,
-        help="larger request bodies are refused with 413 (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--max-image-pixels",
-        type=int,
-        default=DEFAULT_MAX_IMAGE_PIXELS,
-        metavar="N",
-        help="a vision-language model's images past this many pixels are refused with 400, before they are "
-        "decoded (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--drain-timeout",
-        type=float,
-        default=30.0,
-        metavar="SECONDS",
-        help="on SIGTERM/SIGINT, wait this long for requests in flight, then cancel them and exit 0 "
-        "(default: %(default)s)",
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
-        if args.command == "calibrate":
-            _quiet_transformers()
-            return cli_calibrate.run(args, _device(args.device))
-        return {"bench": _bench, "serve": _serve}.get(args.command, _generate)(args)
+        commands = {"bench": _bench, "serve": cli_serve.run, "calibrate": cli_calibrate.run}
+        return commands.get(args.command, _generate)(args)
     except KeyboardInterrupt:
         return 130
     except (ValueError, OSError) as err:  # our errors say what to change
         print(f"lookahead: error: {err}", file=sys.stderr)
         return 1
-
-
-def _device(name: str) -> str:
-    """``auto``: the first CUDA device when there is one, else the CPU."""
-    import torch
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(name)
-    except RuntimeError as err:
-        raise ValueError(f"unknown --device {name!r}: use cpu, cuda, cuda:N or auto") from err
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: this machine has no CUDA device (torch {torch.__version__}): use cpu")
-    try:  # a device torch can name but not reach (mps without support, cuda:7 on one GPU)
-        torch.empty(0, device=device)
-    except (RuntimeError, AssertionError) as err:
-        raise ValueError(f"--device {name} cannot be used here ({str(err).splitlines()[0]}): use cpu or auto") from err
-    return name
-
-
-def _api_keys(args) -> list[str]:
-    """The API keys of --api-key, --api-key-file and $LOOKAHEAD_API_KEYS, in that order, each once."""
-    import os
-
-    keys = list(args.api_key)
-    if any(not key.strip() for key in keys):
-        raise ValueError("--api-key is empty (an unset variable?): give a key, or drop the flag to serve without one")
-    if args.api_key_file is not None:
-        try:
-            lines = Path(args.api_key_file).read_text(encoding="utf-8").splitlines()
-        except OSError as err:
-            raise ValueError(f"--api-key-file {args.api_key_file}: cannot read it ({err.strerror})") from err
-        found = [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
-        if not found:
-            raise ValueError(f"--api-key-file {args.api_key_file} holds no key: one key a line")
-        keys += found
-    variable = os.environ.get(API_KEYS_VARIABLE)
-    if variable is not None:
-        found = [key.strip() for key in variable.split(",") if key.strip()]
-        if not found:
-            raise ValueError(f"${API_KEYS_VARIABLE} is set but holds no key: unset it, or give comma-separated keys")
-        keys += found
-    return [key.strip() for key in dict.fromkeys(keys)]
-
-
-def _quiet_transformers() -> None:
-    """No transformers warnings or progress bars among the command's own lines."""
-    import transformers
-
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    # transformers imports torchao wherever it is installed (the quant extra): its kernels for
-    # GPUs this machine lacks, and torch's notes on its types, are no news to the command's user
-    for name in ("torchao", "torch.utils._pytree"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-
-def _wng(args) -> tuple[int | None, int | None, int | None]:
-    """-W, -N and -G as given (None where not)."""
-    return args.window_size, args.ngram_size, args.max_candidates
 
 
 def _generate(args) -> int:
@@ -281,12 +141,12 @@ def _generate(args) -> int:
 
     from .decoding import Lookahead
 
-    _quiet_transformers()
+    quiet_transformers()
     if args.max_new_tokens < 1:
         raise ValueError("--max-new-tokens must be at least 1")
-    lookahead = Lookahead(*_wng(args))  # validates W/N/G
+    lookahead = Lookahead(*wng(args))  # validates W/N/G
     settings = _generation_settings(args)
-    model, tokenizer = models.load(args.model, dtype=args.dtype, device=_device(args.device))
+    model, tokenizer = models.load(args.model, dtype=args.dtype, device=device_for(args.device))
     inputs = _prompt_inputs(args, tokenizer).to(model.device)
 
     if args.compare:  # one-time costs (allocations, the model probe) stay out of both timings
@@ -374,7 +234,7 @@ def _generation_settings(args) -> dict:
 def _bench(args) -> int:
     from . import report
 
-    _quiet_transformers()
+    quiet_transformers()
     device, suites, out = _check_bench(args)
     model, tokenizer = models.load(args.model, dtype=args.dtype, device=device, quantization=args.quantization)
     if model.config.is_encoder_decoder:
@@ -405,12 +265,12 @@ def _check_bench(args) -> tuple[str, dict[str, list], Path]:
         raise ValueError("--n, --max-new-tokens, --batch-size and --repeats must be at least 1")
     if args.time_budget is not None and not args.time_budget > 0:
         raise ValueError(f"--time-budget must be a positive number of seconds, got {args.time_budget}")
-    if args.adaptive and _wng(args) == (None,) * 3:
+    if args.adaptive and wng(args) == (None,) * 3:
         raise ValueError("--adaptive applies to the -W/-N/-G run: give at least one of them")
     if args.num_beams < 1:
         raise ValueError(f"--num-beams must be at least 1, got {args.num_beams}")
-    bench.methods_for(*_wng(args), adaptive=args.adaptive)  # validates W/N/G before the load
-    device = _device(args.device)
+    bench.methods_for(*wng(args), adaptive=args.adaptive)  # validates W/N/G before the load
+    device = device_for(args.device)
     if args.quantization is not None:  # its package is installed, before the load
         quantization_config(args.quantization, models.parse_dtype(args.dtype), device)
     missing = [name for name in ("tqdm", "psutil", "matplotlib") if importlib.util.find_spec(name) is None]
@@ -438,7 +298,7 @@ def _bench_report(args, model, tokenizer, name: str, prompts: list, batch: int, 
 
     # fresh callables per dataset and batch size: Lookahead() carries its drafting statistics
     # from call to call, so each workload starts from the priors rather than another's
-    methods = bench.methods_for(*_wng(args), adaptive=args.adaptive, device=model.device, num_beams=args.num_beams)
+    methods = bench.methods_for(*wng(args), adaptive=args.adaptive, device=model.device, num_beams=args.num_beams)
     runs = bench.run_bench(
         model,
         tokenizer,
@@ -492,92 +352,6 @@ def _bench_meta(args, model, name: str, batch: int, ran: int) -> dict:
 def _weights(args) -> str:
     """What a title says of the weights: ", int8 weights" when they are quantized, else nothing."""
     return f", {args.quantization} weights" if args.quantization else ""
-
-
-def _serve(args) -> int:
-    try:
-        import uvicorn
-    except ImportError as err:
-        raise ValueError("lookahead serve needs the server's extras: pip install 'lookahead-decoding[serve]'") from err
-
-    from .api import SamplingDefaults
-    from .decoding import Lookahead
-    from .metrics import Metrics
-    from .pool import SharedPool
-    from .server import ServerSettings, create_app
-    from .service import PLAIN_CONFIG, Service
-
-    _quiet_transformers()
-    keys, pool_scope = _check_serve(args)
-    lookahead = Lookahead(*_wng(args))  # validates W/N/G
-    device = _device(args.device)
-    cfg = PLAIN_CONFIG if args.plain else lookahead.config_for(device)
-    shared = None if args.plain or args.no_shared_pool else SharedPool()
-    metrics = Metrics()
-    loaded = {}
-
-    def load():  # on the engine thread, which then runs every forward pass (see lookahead.service)
-        model, loaded["tokenizer"] = models.load(args.model, dtype=args.dtype, device=device)
-        loaded["processor"] = models.load_processor(args.model)  # a vision-language model's: it takes images
-        return model
-
-    service = Service(
-        load, cfg, max_batch_size=args.max_batch_size, max_queue=args.max_queue, shared_pool=shared,
-        pool_scopes=pool_scope == "key", prefill_chunk=args.prefill_chunk, on_step=metrics.on_step,
-    )  # fmt: skip
-    tokenizer = loaded["tokenizer"]
-    sampling = SamplingDefaults() if args.sampling_defaults == "openai" else None
-    settings = ServerSettings(
-        model_name=args.model, api_keys=keys, pool_scope=pool_scope, sampling=sampling,
-        max_body_bytes=args.max_body_bytes, drain_timeout=args.drain_timeout, max_image_pixels=args.max_image_pixels,
-    )  # fmt: skip
-    app = create_app(service, tokenizer, settings, metrics, processor=loaded["processor"])
-    _announce(args, cfg, app.state.sampling_defaults, len(keys), pool_scope == "key" and shared is not None)
-    # uvicorn stops admission on SIGTERM/SIGINT, waits for the requests in flight, then re-raises
-    # the signal to the handler it found: a no-op one lets the process exit 0 once drained
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: None)
-    # past --drain-timeout uvicorn cancels the requests still in flight (a client that stopped reading)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=args.drain_timeout)
-    print("lookahead: server stopped", file=sys.stderr)
-    return 0
-
-
-def _check_serve(args) -> tuple[list[str], str]:
-    """What ``lookahead serve`` refuses before it loads the model; returns the API keys and the
-    pool scope (``--pool-scope``, or its default for that many keys)."""
-    if args.max_batch_size < 1 or args.max_queue < 1:
-        raise ValueError("--max-batch-size and --max-queue must be at least 1")
-    if not 1 <= args.port <= 65535:
-        raise ValueError(f"--port must be in 1-65535, got {args.port}")
-    keys = _api_keys(args)
-    pool_scope = args.pool_scope or ("key" if len(keys) > 1 else "shared")
-    if args.max_body_bytes < 1 or args.prefill_chunk < 1 or args.max_image_pixels < 1:
-        raise ValueError("--max-body-bytes, --prefill-chunk and --max-image-pixels must be at least 1")
-    if not (math.isfinite(args.drain_timeout) and args.drain_timeout >= 0):
-        raise ValueError(f"--drain-timeout must be a number of seconds >= 0, got {args.drain_timeout}")
-    if args.plain and _wng(args) != (None,) * 3:
-        raise ValueError("--plain takes one-token steps: drop -W/-N/-G, or drop --plain")
-    return keys, pool_scope
-
-
-def _announce(args, cfg, defaults, n_keys: int, pool_per_key: bool) -> None:
-    """What the server runs, on stderr: the model and its steps, the sampling a request gets by
-    default (``defaults``: the app's ``SamplingDefaults``), the API keys and their pools."""
-    from .api import SamplingDefaults
-
-    mode = (
-        "plain one-token steps" if args.plain else f"lookahead {cfg.window_size}/{cfg.ngram_size}/{cfg.max_candidates}"
-    )
-    print(f"lookahead: serving {args.model} ({args.dtype}, {mode}) on http://{args.host}:{args.port}", file=sys.stderr)
-    origin = "the model's generation_config; OpenAI's where it sets none"
-    if defaults == SamplingDefaults():
-        origin = "OpenAI's"
-    print(f"lookahead: a request that leaves out a sampling field gets {defaults.describe()} "
-          f"({origin})", file=sys.stderr)  # fmt: skip
-    if n_keys:
-        pools = "a warm pool per key" if pool_per_key else "one warm pool"
-        print(f"lookahead: {n_keys} API key(s), {pools}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 from . import models
+from .cli_common import device_for, quiet_transformers
 from .quantization import SCHEMES
 
 SHOWN = (2, 4, 8, 16)  # token counts whose T(k) / T(1) the table shows
@@ -26,10 +27,12 @@ def add_parser(sub) -> None:
     cal.add_argument("--quantization", choices=sorted(SCHEMES), help="as for bench: that model's own curves")
 
 
-def run(args, device: str) -> int:
+def run(args) -> int:
     from .calibration import measure_again
     from .quantization import quantization_config
 
+    quiet_transformers()
+    device = device_for(args.device)
     if args.quantization is not None:  # its package is installed, before the load
         quantization_config(args.quantization, models.parse_dtype(args.dtype), device)
     model, _ = models.load(args.model, dtype=args.dtype, device=device, quantization=args.quantization)
