@@ -97,10 +97,12 @@ class Draft:
     window: bool = False  # the step carries the Jacobi window's rows (every drafted step, some plain ones)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Node:
     support: int = 0  # earlier occurrences of the context continuing through this node
     level: int = 0  # longest context match that found it, in tokens (0: pool n-grams only)
+    path: Path = ()
+    kids: dict = dataclasses.field(default_factory=dict)  # next token -> child node
 
 
 class TreeDrafter:
@@ -245,7 +247,8 @@ class TreeDrafter:
         order: list[tuple[Path, float]] = []
         chosen: set[Path] = set()
         leaves = 0
-        heap = [(-r, i, c) for i, (r, c) in enumerate(self._child_rates(children, buckets, (), optimistic))]
+        rates: dict[tuple, float] = {}  # by bucket: fixed within a step
+        heap = [(-r, i, c) for i, (r, c) in enumerate(self._child_rates(children, buckets, (), optimistic, rates))]
         heapq.heapify(heap)
         tick = len(heap)
         best_k, best_rate, expected, total = 0, 1.0, 1.0, 1.0
@@ -267,7 +270,7 @@ class TreeDrafter:
             room = self.max_nodes - k
             if not room or (total - room * neg) * unit / self.curve(2 + rider + k) <= best_rate:
                 break
-            for r, child in self._child_rates(children, buckets, path, optimistic):
+            for r, child in self._child_rates(children, buckets, path, optimistic, rates):
                 heapq.heappush(heap, (neg * r, tick, child))
                 tick += 1
         kept = [path for path, _ in order[:best_k]]
@@ -277,15 +280,21 @@ class TreeDrafter:
         candidates = [p for p in kept if p not in tree_children]  # the leaves
         return Draft(candidates, {p: buckets[p] for p in kept}, tree_children, expected, False, buckets, children)
 
-    def _child_rates(self, children: dict, buckets: dict, parent: Path, optimistic: bool) -> list[tuple[float, Path]]:
+    def _child_rates(
+        self, children: dict, buckets: dict, parent: Path, optimistic: bool, rates: dict
+    ) -> list[tuple[float, Path]]:
         """The conditional rates of a node's children, siblings normalised to sum to at most 1 (only
-        one of them can match). Rated only for the nodes the tree reaches, not the whole trie."""
+        one of them can match). Rated only for the nodes the tree reaches, not the whole trie, and
+        each bucket once (``rates``, kept by the caller for the step)."""
         kids = children.get(parent, ())
         rated = []
         for child in kids:
             bucket = buckets[child]
-            prior = PRIORS.get((bucket[0], bucket[1], bucket[3]), 0.1)  # pooled n-grams are never unanimous
-            rated.append(self.rate(bucket, prior, optimistic))
+            rate = rates.get(bucket)
+            if rate is None:
+                prior = PRIORS.get((bucket[0], bucket[1], bucket[3]), 0.1)  # pooled n-grams are never unanimous
+                rate = rates[bucket] = self.rate(bucket, prior, optimistic)
+            rated.append(rate)
         scale = 1.0 / max(1.0, sum(rated))
         return [(r * scale, child) for r, child in zip(rated, kids, strict=True)]
 
@@ -365,32 +374,44 @@ def _buckets(nodes: dict[Path, _Node], children: dict[Path, list[Path]], occurre
     first token, support up to 3, unanimous)."""
     buckets: dict[Path, tuple] = {}
     for parent, kids in children.items():
-        above = occurrences if not parent else nodes[parent].support
+        above = nodes[parent].support if parent else occurrences
+        first = not parent
         for child in kids:
             node = nodes[child]
-            unanimous = node.support > 0 and node.support == above
-            buckets[child] = (span_band(node.level), len(child) == 1, min(node.support, 3), unanimous)
+            support, level = node.support, node.level
+            band = _BANDS[level] if level < len(_BANDS) else 16
+            buckets[child] = (band, first, support if support < 3 else 3, 0 < support == above)
     return buckets
+
+
+_BANDS = [span_band(span) for span in range(16)]  # span_band by span, tabled for the levels below 16
 
 
 def _trie(sources: Sequence[tuple[int, Path]], cap: int) -> tuple[dict[Path, _Node], dict[Path, list[Path]], int]:
     """Merge the sources, cut to ``cap`` tokens, into a trie: nodes by path, children by parent
-    (in first-seen order), and how many earlier occurrences (level > 0) there are."""
+    (in first-seen order), and how many earlier occurrences (level > 0) there are. Walked token by
+    token through each node's ``kids``, so a source costs its length, not its length squared (a
+    path is built once, where its node is new)."""
     nodes: dict[Path, _Node] = {}
     children: dict[Path, list[Path]] = {}
     occurrences = 0
+    roots: dict = {}
     for level, continuation in sources:
         continuation = tuple(continuation[:cap])
         if not continuation:
             continue
-        occurrences += level > 0
-        for j in range(1, len(continuation) + 1):
-            path = continuation[:j]
-            node = nodes.get(path)
+        counted = level > 0
+        occurrences += counted
+        kids, parent = roots, ()
+        for j, token in enumerate(continuation):
+            node = kids.get(token)
             if node is None:
-                node = nodes[path] = _Node()
-                children.setdefault(path[:-1], []).append(path)
-            if level > 0:
+                path = continuation[: j + 1]
+                node = kids[token] = nodes[path] = _Node(path=path)
+                children.setdefault(parent, []).append(path)
+            if counted:
                 node.support += 1
-                node.level = max(node.level, level)
+                if level > node.level:
+                    node.level = level
+            kids, parent = node.kids, node.path
     return nodes, children, occurrences

@@ -94,5 +94,7 @@ def _continuation(tokens: Sequence[int], end: int, last: int, length: int) -> tu
     on. A run (``a a a a``, a line repeated) then yields full-length candidates from its newest
     occurrences, the ones the index keeps, rather than the 1, 2 or 3 tokens that lie between them
     and the end of the text."""
+    if end + length <= last:  # within the text: a plain slice (the usual case, and the cheap one)
+        return tuple(tokens[end + 1 : end + 1 + length])
     period = last - end
     return tuple(tokens[end + 1 + j % period] for j in range(length))

@@ -287,8 +287,9 @@ class ChainProposer:
             request.draft, request.drafted = None, 0
         request.tokens.extend(int(t) for t in text[len(request.tokens) : n])
         request.index.extend(request.tokens)
-        self._requests.setdefault(_key(request.tokens, n), []).append(request)
-        self._requests.move_to_end(_key(request.tokens, n))
+        key = _key(request.tokens, n)
+        self._requests.setdefault(key, []).append(request)
+        self._requests.move_to_end(key)
         self._stored += 1
         self.emitted_per_row += 0.05 * (m - self.emitted_per_row)
         return request
@@ -349,18 +350,14 @@ class ChainProposer:
 def _tabulate(points: list[tuple[int, float]], last: int) -> list[float]:
     """Seconds by tokens, 1 .. ``last`` (index 0 unused): flat below the first point and with one
     point, linear between points, the last two points' slope beyond them."""
-    table = [0.0]
-    j = 0
-    for tokens in range(1, last + 1):
-        while j + 1 < len(points) and points[j + 1][0] < tokens:
-            j += 1
-        if len(points) == 1 or tokens <= points[0][0]:
-            table.append(points[0][1])
-            continue
-        (x0, y0), (x1, y1) = points[j], points[min(j + 1, len(points) - 1)]
-        if j + 1 == len(points):
-            (x0, y0), (x1, y1) = points[-2], points[-1]
-        table.append(y0 + (y1 - y0) * (tokens - x0) / (x1 - x0))
+    first_tokens, first_seconds = points[0]
+    table = [0.0] + [first_seconds] * (last if len(points) == 1 else min(last, first_tokens))
+    if len(points) == 1:
+        return table
+    segments = list(zip(points, points[1:]))
+    for n, ((x0, y0), (x1, y1)) in enumerate(segments):
+        end = last if n == len(segments) - 1 else min(x1, last)  # the last segment runs on
+        table.extend(y0 + (y1 - y0) * (tokens - x0) / (x1 - x0) for tokens in range(x0 + 1, end + 1))
     return table
 
 
