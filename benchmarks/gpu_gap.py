@@ -15,7 +15,7 @@ one prompt's call under each variant, so that the suspect whose removal closes t
 * ``gc off``: Python's garbage collector disabled during the call;
 * ``cuDNN in wide steps``: the loop as before 2026-12-04 (later), when steps with a mask of their
   own ran on PyTorch's preferred attention backend, cuDNN on Hopper, which builds an execution
-  graph per new shape (``lookahead.runner.leave_cudnn_out``, the suspect chosen on 2026-12-04 from
+  graph per new shape (``lookahead.attention_switch.leave_cudnn_out``, the suspect chosen on 2026-12-04 from
   PyTorch's issues, not from a timing);
 * ``no cuDNN``: cuDNN attention off for the whole call, greedy's steps too (a new cache length is
   a new shape for greedy as well, but greedy meets each length again on later prompts);

@@ -7,7 +7,7 @@ cost a little, so the phases' sum runs slightly above an untimed call (also repo
 
 The timed call runs the same text right after the untimed one, so anything the process keeps per
 shape is warm for it: on a GPU, cuDNN attention's graphs (one per new shape; see
-``lookahead.runner.leave_cudnn_out``). There the untimed figure is the one a fresh text meets,
+``lookahead.attention_switch.leave_cudnn_out``). There the untimed figure is the one a fresh text meets,
 and ``benchmarks/gpu_gap.py`` times steps on texts new to the process.
 
 Prints a table of phases per setting; ``--json`` keeps every run (and, with ``--kernels``, the

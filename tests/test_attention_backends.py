@@ -11,7 +11,7 @@ from tiny_models import tiny_model, tiny_seq2seq
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from lookahead import Lookahead
-from lookahead.runner import leave_cudnn_out
+from lookahead.attention_switch import leave_cudnn_out
 
 PROMPT = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 9] * 4])  # 48 tokens: longer than any step
 FLAT = [(1, 1.0), (64, 1.0)]  # given, so that no calibration's passes (a cache without this curve) are seen

@@ -391,7 +391,7 @@ def beam_generate(
     runner, prompts, input_ids, processors, stopping_criteria, generation_config, settings, sources=(), media=None
 ):
     """Beam search with lookahead over ``runner`` (a :class:`lookahead.runner.DecoderRunner` or
-    :class:`lookahead.runner.Seq2SeqRunner`) -> (what ``generate`` returns, :class:`BeamStats`).
+    :class:`lookahead.seq2seq_runner.Seq2SeqRunner`) -> (what ``generate`` returns, :class:`BeamStats`).
     ``media``: a VLM's prefill (:class:`lookahead.media.MediaPrefill`)."""
     search = BeamSearch(runner, input_ids, processors, stopping_criteria, generation_config, settings)
     search.run(prompts, sources, media)
@@ -451,7 +451,8 @@ def beam_call(model, spec, cfg, call: dict, model_kwargs: dict, source_ids=None)
     """``Lookahead()(...)`` with ``num_beams > 1``: the runner for the model, the prompts, and
     :func:`beam_generate` -> (output, :class:`BeamStats`). ``call``: generate's ``input_ids``,
     ``logits_processor``, ``stopping_criteria``, ``generation_config`` and ``streamer``."""
-    from .runner import DecoderRunner, Seq2SeqRunner
+    from .runner import DecoderRunner
+    from .seq2seq_runner import Seq2SeqRunner
     from .step import prompt_rows
 
     input_ids, generation_config = call["input_ids"], call["generation_config"]

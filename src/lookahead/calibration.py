@@ -26,7 +26,8 @@ from .costs import (
     stored_curves,
 )
 from .layout import build_layout
-from .runner import DecoderRunner, Seq2SeqRunner
+from .runner import DecoderRunner
+from .seq2seq_runner import Seq2SeqRunner
 from .support import ModelTraits, check_model
 
 

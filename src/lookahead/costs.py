@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 
 from ._files import locked
+from .attention_switch import leave_cudnn_out
 from .quantization import scheme
-from .runner import leave_cudnn_out
 
 logger = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ def curve_key(model) -> str:
     timed (``CALIBRATION``); for quantized weights their scheme (``lookahead.quantization.scheme``:
     their kernels have another cost curve, and weights quantized after loading leave the config as
     it was); on CUDA also
-    whether wide steps leave cuDNN attention out (``runner.leave_cudnn_out``: a curve stored when
+    whether wide steps leave cuDNN attention out (``attention_switch.leave_cudnn_out``: a curve stored when
     they did not was timed on another kernel)."""
     config = model.config.to_dict()
     shape = {k: v for k, v in config.items() if not k.startswith("_") and k not in _NOT_SHAPE}

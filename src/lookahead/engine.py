@@ -39,7 +39,8 @@ from .planning import (
     use_tree,
     window_levels,
 )
-from .runner import AdmissionError, DecoderRunner, Seq2SeqRunner
+from .runner import AdmissionError, DecoderRunner
+from .seq2seq_runner import Seq2SeqRunner
 from .sequences import SeqState
 from .step import Scorer
 from .support import ModelTraits

@@ -64,6 +64,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 from .drafting import Draft, TreeDrafter
 from .lookup import ContextIndex
@@ -354,7 +355,7 @@ def _tabulate(points: list[tuple[int, float]], last: int) -> list[float]:
     table = [0.0] + [first_seconds] * (last if len(points) == 1 else min(last, first_tokens))
     if len(points) == 1:
         return table
-    segments = list(zip(points, points[1:]))
+    segments = list(pairwise(points))
     for n, ((x0, y0), (x1, y1)) in enumerate(segments):
         end = last if n == len(segments) - 1 else min(x1, last)  # the last segment runs on
         table.extend(y0 + (y1 - y0) * (tokens - x0) / (x1 - x0) for tokens in range(x0 + 1, end + 1))

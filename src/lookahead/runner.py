@@ -1,9 +1,8 @@
 """Forward passes and the KV cache for a batch of sequences that advance unevenly.
 
 A step feeds every active sequence the same layout (t, window, candidates), but each sequence accepts its
-own number of tokens. Two strategies keep the cache exact:
-
-**Holes, masked** (:class:`DecoderRunner`, decoder-only models). Each step appends
+own number of tokens. For decoder-only models (:class:`DecoderRunner`) the cache stays exact with
+holes, masked. Each step appends
 ``m = max_b kept_b`` cache columns to every sequence: sequence b moves its ``kept_b`` committed entries (t and its
 accepted candidate tokens) to the front of the step's region, and the remaining ``m - kept_b``
 columns become holes. ``key_pos`` [B, C] records each column's position (-1 for a hole or a left
@@ -33,24 +32,18 @@ which hides the holes while the model derives positions from it.
 A sequence joins a running batch (:meth:`DecoderRunner.admit`) by a prefill of its own; then the
 two caches are stacked, the shorter left-padded with hole columns.
 
-**Aligned** (:class:`Seq2SeqRunner`, encoder-decoder models). BART, Marian, T5 and their kin
-derive decoder positions from the cache length (absolute embeddings, or T5's relative bias over
-slot distances), so a sequence's tokens must sit in consecutive cache columns, all sequences alike. Steps use a
-linear layout (t and one candidate chain, no window), and every sequence commits the same number
-of tokens, the smallest any sequence accepted; the verified tokens a sequence could not commit are
-offered again as its first candidate next step, where they are accepted at once (greedy).
+Encoder-decoder models keep their sequences aligned instead: :mod:`lookahead.seq2seq_runner`.
 """
 
 from __future__ import annotations
 
-import array
-import contextlib
 from collections.abc import Sequence
 
 import torch
-from transformers import DynamicCache, EncoderDecoderCache
-from transformers.modeling_outputs import BaseModelOutput
+from transformers import DynamicCache
 
+from .attention_switch import AS_THEY_ARE, CUDNN_OFF, leave_cudnn_out
+from .host_inputs import id_rows, send
 from .layout import StepLayout
 from .media import MediaPrefill, shifted
 from .slab import Slab
@@ -60,26 +53,6 @@ from .support import ModelTraits
 class AdmissionError(RuntimeError):
     """The newcomers' own prefill failed (out of memory on a long prompt, ...), before anything of
     the running batch was touched: only they fail."""
-
-
-def _send(values, device: torch.device) -> torch.Tensor:
-    """Host values (a tensor or nested lists of ints) on ``device``: copied without waiting for
-    the device's queue (non-blocking; the driver stages pageable memory before returning), so
-    that a step's inputs add no host-device synchronisation."""
-    tensor = values if isinstance(values, torch.Tensor) else torch.tensor(values)
-    return tensor if tensor.device == device else tensor.to(device, non_blocking=True)
-
-
-def _id_rows(rows: Sequence[Sequence[int]]) -> torch.Tensor:
-    """Rows of token ids, all of one length, as a [B, L] int64 tensor on the host: packed into one
-    buffer first (``torch.tensor`` walks nested lists element by element: 0.24 ms for a step of
-    8 x 121 slots, against 0.08 ms this way)."""
-    packed = array.array("q")
-    for row in rows:
-        packed.extend(row)
-    if not packed:
-        return torch.empty(len(rows), 0, dtype=torch.long)
-    return torch.frombuffer(packed, dtype=torch.long).view(len(rows), -1)
 
 
 def _src_slots(layout: StepLayout, picks: Sequence[tuple[int | None, int]], width: int) -> list[list[int]]:
@@ -122,7 +95,7 @@ def _compact_step(layers, step_length: int, moves: list[tuple[int, int, int]]) -
             key = (states.device, tuple(states.shape))
             if key not in rows:  # row of (b, h, column) in the [B * H * (C + L), D] view
                 base = (seqs[:, None] * heads + torch.arange(heads)[None]) * columns + past  # [M, H]
-                rows[key] = tuple(_send((base + at[:, None]).flatten(), states.device) for at in (slots, dst))
+                rows[key] = tuple(send((base + at[:, None]).flatten(), states.device) for at in (slots, dst))
             from_rows, to_rows = rows[key]
             flat = states.view(-1, dim)
             flat.index_copy_(0, to_rows, flat.index_select(0, from_rows))
@@ -149,45 +122,6 @@ def _left_pad(states: torch.Tensor, width: int, value) -> torch.Tensor:
 
 def _n_layers(model) -> int:
     return model.config.get_text_config(decoder=True).num_hidden_layers
-
-
-def leave_cudnn_out() -> bool:
-    """Whether steps whose mask the runner builds itself (every step but t alone in a batch
-    without holes) should run without PyTorch's cuDNN attention: yes where it is on and another
-    backend is on too (where it is the only one, the caller chose it; a priority order set with
-    ``sdpa_kernel(..., set_priority=True)`` is not read).
-
-    PyTorch prefers cuDNN attention on Hopper and newer GPUs (with a recent cuDNN), and by default
-    it builds an execution graph for each new shape of query, keys and mask, kept per shape
-    (``TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1``, opt-in, avoids that for some layouts). A lookahead
-    step's shape is new nearly every time (a tree of its own over a longer cache), so every step
-    would pay for a graph; on the H200 of 2026-12-04 every step cost about three times what the
-    same shape cost repeated (docs/gpus.md; the cause is inferred, not yet timed both ways).
-    The memory-efficient kernel, next in line for a mask, builds nothing. A step of t alone keeps
-    the model's own mask, and so the kernel plain decoding uses (and its rounding). The switch is
-    PyTorch's process-wide flag, off only while such a step's forward pass runs (back on if it
-    raises): threads that run attention at the same time see it too, and one decoding call ending
-    its step turns it back on for another's. The server runs every forward pass on its one engine
-    thread."""
-    cuda = torch.backends.cuda
-    return cuda.cudnn_sdp_enabled() and (
-        cuda.flash_sdp_enabled() or cuda.mem_efficient_sdp_enabled() or cuda.math_sdp_enabled()
-    )
-
-
-class _CudnnAttentionOff:
-    """PyTorch's cuDNN attention off for the block, on again after (cheaper than ``sdpa_kernel``,
-    which reads and sets every backend's flag)."""
-
-    def __enter__(self) -> None:
-        torch.backends.cuda.enable_cudnn_sdp(False)
-
-    def __exit__(self, *exc) -> None:
-        torch.backends.cuda.enable_cudnn_sdp(True)
-
-
-_AS_THEY_ARE = contextlib.nullcontext()
-_CUDNN_OFF = _CudnnAttentionOff()
 
 
 class DecoderRunner:
@@ -220,7 +154,7 @@ class DecoderRunner:
         # sliding layers that drop columns keep tensors of their own; so do a newcomers' prefill
         self.use_slab = slab and not self.sliding
         # read when the call starts, so that a caller's own ``sdpa_kernel`` choice holds
-        self.masked_attention = _CUDNN_OFF if leave_cudnn_out() else _AS_THEY_ARE
+        self.masked_attention = CUDNN_OFF if leave_cudnn_out() else AS_THEY_ARE
 
     def _logits_kwargs(self, slots: torch.Tensor | int) -> dict:
         return {"logits_to_keep": slots} if self.spec.keeps_logits else {}
@@ -233,7 +167,7 @@ class DecoderRunner:
         device = self.device
         longest = max(len(p) for p in prompts)
         pads = [longest - len(p) for p in prompts]
-        ids = _send([[p[0]] * pad + list(p) for p, pad in zip(prompts, pads, strict=True)], device)
+        ids = send([[p[0]] * pad + list(p) for p, pad in zip(prompts, pads, strict=True)], device)
         key_pos = _left_padded_positions(pads, longest)
         self.cache = DynamicCache()  # a batch starting anew (the first, or after every sequence left)
         self.slab = self._empty_slab(len(prompts), longest)
@@ -241,8 +175,8 @@ class DecoderRunner:
             self.cache.layers[:] = self.slab.layers
         self.holes = any(pads)
         # as transformers' prefill: a 2D padding mask (the model builds the causal part), pads at position 1
-        mask = _send((key_pos >= 0).long(), device) if self.holes else None
-        positions = {"position_ids": _send(key_pos.masked_fill(key_pos < 0, 1), device)} if self.spec.positions else {}
+        mask = send((key_pos >= 0).long(), device) if self.holes else None
+        positions = {"position_ids": send(key_pos.masked_fill(key_pos < 0, 1), device)} if self.spec.positions else {}
         out = self.model(
             input_ids=ids,
             **positions,
@@ -310,9 +244,9 @@ class DecoderRunner:
         if self.key_pos.shape[0] != 1 or self.holes or self.trimmed or self.shift is not None:
             raise ValueError("extend continues the text-only prefill of one sequence without holes")
         positions = torch.arange(done, done + len(tokens))
-        extra = {"position_ids": _send(positions[None], self.device)} if self.spec.positions else {}
+        extra = {"position_ids": send(positions[None], self.device)} if self.spec.positions else {}
         out = self.model(
-            input_ids=_send([list(tokens)], self.device),
+            input_ids=send([list(tokens)], self.device),
             **extra,
             cache=self.cache,
             use_cache=True,
@@ -373,22 +307,22 @@ class DecoderRunner:
         """One forward pass over every sequence's step -> the used slots' logits [B, K, V]."""
         device, dtype = self.device, self.dtype
         step_positions, step_mask, slots = layout.on_device(device, dtype)  # [L], [L, L], [K]
-        positions = step_positions[None] + _send(self.n_cached[:, None], device)  # [B, L]
+        positions = step_positions[None] + send(self.n_cached[:, None], device)  # [B, L]
         positions = self._within_limits(positions, layout.reach)
         # t alone with no hole to hide: let the model build its own mask, exactly as plain decoding
         # (the same attention kernel, hence the same rounding)
         if layout.length == 1 and not self.holes and not self.trimmed:
             mask = None
         elif self.spec.positions:
-            key_pos = _send(self.key_pos, device)
+            key_pos = send(self.key_pos, device)
             mask = self.spec.build(step_mask, key_pos, positions, dtype, self.trim)
         else:  # linear steps: a 2D mask hides the holes; the model derives positions and causality
             ones = self.key_pos.new_ones(len(step_ids), layout.length)
-            mask = _send(torch.cat([(self.key_pos >= 0).long(), ones], dim=1), device)  # [B, C + L]
+            mask = send(torch.cat([(self.key_pos >= 0).long(), ones], dim=1), device)  # [B, C + L]
         extra = {"position_ids": shifted(positions, self.shift, self.stacked)} if self.spec.positions else {}
-        with self.masked_attention if mask is not None else _AS_THEY_ARE:  # see leave_cudnn_out
+        with self.masked_attention if mask is not None else AS_THEY_ARE:  # see leave_cudnn_out
             out = self.model(
-                input_ids=_send(_id_rows(step_ids), device),
+                input_ids=send(id_rows(step_ids), device),
                 **extra,
                 attention_mask=mask,
                 cache=self.cache,
@@ -413,7 +347,7 @@ class DecoderRunner:
         highest = [spec.position_limit(p) for p in t_positions]
         big = torch.iinfo(torch.long).max
         caps = torch.tensor([big if h is None else h for h in highest])[:, None]
-        return torch.minimum(positions, _send(caps, positions.device))
+        return torch.minimum(positions, send(caps, positions.device))
 
     def commit(self, layout: StepLayout, picks: Sequence[tuple[int | None, int]]) -> None:
         """Keep, per sequence, t and its first ``kept - 1`` accepted candidate tokens: picks[b] =
@@ -495,7 +429,7 @@ class DecoderRunner:
         if self.slab is not None:
             self.slab.reorder(rows)
         else:
-            self.cache.batch_select_indices(_send(index, self.device))
+            self.cache.batch_select_indices(send(index, self.device))
 
     def select(self, keep: Sequence[int]) -> None:
         """Keep only the sequences ``keep`` (indices into the current batch), then cut leading columns
@@ -510,7 +444,7 @@ class DecoderRunner:
             self.key_pos = self.key_pos[:, lead:]
             self.holes = bool((self.key_pos < 0).any())
             return
-        self.cache.batch_select_indices(_send(index, self.device))
+        self.cache.batch_select_indices(send(index, self.device))
         if lead > 0:
             for i, layer in enumerate(self.cache.layers):
                 cut = max(0, lead - self.trim) if i in self.sliding else lead
@@ -537,69 +471,3 @@ def _stacked_shifts(mine: DecoderRunner, theirs: DecoderRunner) -> tuple[torch.T
         r.shift if r.shift is not None else torch.zeros(len(r.n_cached), axes, dtype=torch.long) for r in (mine, theirs)
     ]
     return torch.cat(rows), mine.stacked or theirs.stacked
-
-
-class Seq2SeqRunner:
-    """Encoder-decoder models: the decoder runs linear steps over aligned sequences."""
-
-    aligned = True  # every sequence commits the same number of tokens per step
-    grows_by_reorder = False  # the encoder's outputs come one per beam already
-
-    def __init__(self, model, model_kwargs: dict) -> None:
-        self.model, self.device = model, model.device  # read once (a property that walks the parameters)
-        encoder_outputs = model_kwargs.get("encoder_outputs")
-        if encoder_outputs is None:
-            raise ValueError("no encoder_outputs were prepared: call model.generate, which runs the encoder once")
-        self.encoder_hidden = encoder_outputs[0]  # [B, S_enc, D]
-        self.encoder_mask = model_kwargs.get("attention_mask")  # [B, S_enc] or None
-        self.cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
-        self.masked_attention = _CUDNN_OFF if leave_cudnn_out() else _AS_THEY_ARE  # see leave_cudnn_out
-
-    def _forward(self, ids: torch.Tensor) -> torch.Tensor:  # ids [B, L] -> logits [B, L, V]
-        return self.model(
-            encoder_outputs=BaseModelOutput(last_hidden_state=self.encoder_hidden),
-            attention_mask=self.encoder_mask,
-            decoder_input_ids=ids,
-            cache=self.cache,
-            use_cache=True,
-        ).logits
-
-    def prefill(self, prompts: Sequence[Sequence[int]], media: MediaPrefill | None = None) -> torch.Tensor:
-        """Run the decoder prompts (all the same length) -> last logits [B, V]. ``media`` is
-        refused: encoder-decoder models take no images here."""
-        if media is not None:
-            raise ValueError("encoder-decoder models take no images")
-        if len({len(p) for p in prompts}) != 1:
-            raise ValueError("encoder-decoder sequences need decoder prompts of one length (no decoder padding)")
-        return self._forward(torch.tensor([list(p) for p in prompts], device=self.device))[:, -1]
-
-    def step(self, layout: StepLayout, step_ids: Sequence[Sequence[int]]) -> torch.Tensor:
-        """A linear step ([t, c_1, ..., c_k] per sequence) -> the used slots' logits [B, K, V]."""
-        with self.masked_attention if layout.length > 1 else _AS_THEY_ARE:
-            logits = self._forward(_send(_id_rows(step_ids), self.device))
-        return logits[:, _send(layout.logit_slots, logits.device)]
-
-    def commit(self, layout: StepLayout, picks: Sequence[tuple[int | None, int]]) -> None:
-        """Every sequence keeps the same number of entries: t and the first accepted tokens. A sequence
-        that kept fewer has just stopped inside the step and leaves the batch next (``select``)."""
-        self.cache.crop(-(layout.length - max(k for _, k in picks)))
-
-    @property
-    def columns(self) -> int:
-        """Decoder cache columns per sequence: what every query of a step attends over."""
-        return self.cache.get_seq_length()
-
-    def hand_back(self) -> EncoderDecoderCache:
-        """The cache, for the caller of ``generate``."""
-        return self.cache
-
-    def reorder(self, rows: Sequence[int]) -> None:
-        """Row i becomes a copy of row ``rows[i]`` (rows may repeat: beam search's reorder)."""
-        self.select(rows)
-
-    def select(self, keep: Sequence[int]) -> None:
-        index = torch.tensor(list(keep), device=self.encoder_hidden.device)
-        self.cache.batch_select_indices(index)
-        self.encoder_hidden = self.encoder_hidden[index]
-        if self.encoder_mask is not None:
-            self.encoder_mask = self.encoder_mask[index]
