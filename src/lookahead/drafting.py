@@ -186,10 +186,17 @@ class TreeDrafter:
             self._tally(*self._seen.popleft(), -1)
 
     def _tally(self, bucket: tuple, accepted: bool, sign: int) -> None:
-        for table, key in ((self._fine, bucket), (self._coarse, bucket[:2])):
-            entry = table.setdefault(key, [0, 0])
-            entry[0] += sign * accepted
-            entry[1] += sign
+        fine = self._fine.get(bucket)
+        if fine is None:
+            fine = self._fine[bucket] = [0, 0]
+        coarse = self._coarse.get(bucket[:2])
+        if coarse is None:
+            coarse = self._coarse[bucket[:2]] = [0, 0]
+        if accepted:
+            fine[0] += sign
+            coarse[0] += sign
+        fine[1] += sign
+        coarse[1] += sign
 
     # -- one step --------------------------------------------------------------------------------
 
