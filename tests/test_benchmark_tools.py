@@ -307,3 +307,19 @@ def test_proposer_replay_counts_every_token_and_drafts_repeated_text(tmp_path):
     result = json.loads(stdout.strip().splitlines()[-1])
     assert result["tokens"] == sum(len(r["output"]) - 1 for r in rows)  # the first token is the prefill's
     assert result["tokens_per_step"] > 2 and 0 < result["acceptance"] <= 1
+
+
+def test_proposer_batch_times_full_batches_and_digests_the_drafts(tmp_path):
+    """The simulated batch runs every text to its end at a full batch of 4 rows, drafts on text
+    that repeats itself, and prints the same digest twice for the same drafter."""
+    texts = tmp_path / "texts.json"
+    loop = [5, 6, 7, 8, 9, 10, 11, 12] * 12
+    rows = [
+        {"dataset": "mtbench", "prompt": f"p{i}", "ids": [1, 2, 3] + loop[:16], "output": loop[i:]} for i in range(6)
+    ]
+    texts.write_text(json.dumps(rows))
+    args = ("--texts", texts, "--batch", "4", "--rounds", "2")
+    first, second = (json.loads(run_tool("proposer_batch.py", *args, cwd=tmp_path).strip()) for _ in range(2))
+    assert first["full_batch_calls"] > 0 and first["median_ms_per_call"] > 0
+    assert first["tokens_per_request_step"] > 2  # the repeated text is drafted
+    assert first["drafts_digest"] == second["drafts_digest"]
