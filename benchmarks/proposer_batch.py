@@ -28,27 +28,9 @@ import sys
 import time
 
 
-def accepted(draft: list[int], rest: list[int]) -> int:
-    """How many of the draft's tokens greedy verification accepts against the text's ``rest``."""
-    n = 0
-    while n < len(draft) and n < len(rest) - 1 and draft[n] == rest[n]:
-        n += 1
-    return n
-
-
-class Clock:
-    """The simulation's time: advanced by each step's modelled seconds."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def simulate(proposer_class, texts: list[dict], args) -> dict:
-    """Run the batch to the end; the full-batch calls' Python times, tokens, the drafts' digest."""
-    clock = Clock()
+def simulate(proposer_class, clock, accepted, texts: list[dict], args) -> dict:
+    """Run the batch to the end; the full-batch calls' Python times, tokens, the drafts' digest.
+    ``clock`` and ``accepted``: proposer_replay's (imported once ``--src`` is on the path)."""
     proposer = proposer_class(args.k, 4096, clock=clock)
     queue, active = list(texts), []  # active: [prompt, output, done, emitted]
     seconds, tokens, request_steps, digest = [], 0, 0, hashlib.sha1()
@@ -91,12 +73,19 @@ def main() -> None:
     args = p.parse_args()
     if args.src:
         sys.path.insert(0, args.src)
+    from proposer_replay import Clock, accepted  # imports lookahead: after --src
+
     from lookahead.proposer import ChainProposer
 
     with open(args.texts) as f:
         rows = [r for r in json.load(f) if r["dataset"] == args.dataset]
     texts = [row for n in range(args.rounds) for row in (rows if n % 2 == 0 else rows[::-1])]
-    print(json.dumps({"src": args.src or "installed", **simulate(ChainProposer, texts, args)}), flush=True)
+    if len(texts) < args.batch:
+        p.error(f"{len(texts)} texts cannot fill a batch of {args.batch}: raise --rounds or lower --batch")
+    print(
+        json.dumps({"src": args.src or "installed", **simulate(ChainProposer, Clock(), accepted, texts, args)}),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":
