@@ -9,7 +9,6 @@ the stored ones again (``lookahead calibrate``).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +18,7 @@ from .costs import (
     BatchCosts,
     CostCurve,
     batch_curve,
+    batch_shape,
     batch_sizes_to_measure,
     cost_curve,
     curve_key,
@@ -71,9 +71,6 @@ class Remeasured:
     after: CostCurve
 
 
-_BATCH_KEY = re.compile(r"\|batch-(\d+)\|context-(\d+)$")
-
-
 def measure_again(model, spec: ModelTraits | None = None) -> list[Remeasured]:
     """Time the model's cost curves again on its device, dtype and thread count, replacing the
     stored ones: the lone sequence's, and each batch's curve stored on this machine, to the same
@@ -85,10 +82,10 @@ def measure_again(model, spec: ModelTraits | None = None) -> list[Remeasured]:
     own = curve_key(model)
     done = [Remeasured(1, 0, before.get(own), model_cost_curve(model, spec))]
     for key, old in sorted(before.items()):
-        found = _BATCH_KEY.search(key)
-        if key == own or found is None:
+        shape = batch_shape(key)
+        if shape is None:  # the model's own curve, measured above
             continue
-        batch, context = int(found[1]), int(found[2])
+        batch, context = shape
         with torch.no_grad():
             new = batch_curve(model, batch, context, old.points[-1][0], _stepper(model, spec, batch, context))
         done.append(Remeasured(batch, context, old, new))

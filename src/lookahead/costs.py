@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import os
+import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -199,21 +200,28 @@ def _read_disk() -> dict:
         return {}
 
 
+def _curve_from(points) -> CostCurve:
+    """A curve from its points as stored on disk ([tokens, seconds] pairs)."""
+    return CostCurve(tuple((int(k), float(s)) for k, s in points))
+
+
 def _stored(key: str) -> CostCurve | None:
     """The curve stored on disk under ``key``, or None."""
     stored = _read_disk().get(key)
-    return CostCurve(tuple((int(k), float(s)) for k, s in stored)) if stored else None
+    return _curve_from(stored) if stored else None
 
 
 def stored_curves(model) -> dict[str, CostCurve]:
     """The curves stored on disk for ``model`` on its device, dtype and thread count: its own
     (under :func:`curve_key`) and each batch's (:func:`batch_curve`), by key."""
     own = curve_key(model)
-    return {
-        key: CostCurve(tuple((int(k), float(s)) for k, s in points))
-        for key, points in _read_disk().items()
-        if key == own or key.startswith(own + "|batch-")
-    }
+    return {key: _curve_from(points) for key, points in _read_disk().items() if key == own or _batch_of(key, own)}
+
+
+def _batch_of(key: str, model_key: str) -> bool:
+    """Whether ``key`` stores one of the batch curves of the model whose key is ``model_key``."""
+    shape = batch_shape(key)
+    return shape is not None and key == batch_key(model_key, *shape)
 
 
 def forget(keys: Sequence[str]) -> None:
@@ -228,9 +236,7 @@ def forget(keys: Sequence[str]) -> None:
             return
         for key in keys:
             data.pop(key, None)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        tmp.replace(path)
+        _replace_disk(path, data)
 
 
 def _write_disk(key: str, curve: CostCurve) -> None:
@@ -239,11 +245,17 @@ def _write_disk(key: str, curve: CostCurve) -> None:
         with locked(path.with_suffix(".lock")):  # another process may be adding its own key
             data = _read_disk()
             data[key] = [list(p) for p in curve.points]
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(data, indent=1))
-            tmp.replace(path)
+            _replace_disk(path, data)
     except OSError as err:  # a read-only cache only costs a re-measurement next time
         logger.debug("could not store the cost curve: %s", err)
+
+
+def _replace_disk(path: Path, data: dict) -> None:
+    """Write the stored curves whole, through a file of this process's own (called with the lock
+    held): a reader sees the old file or the new one, never half of one."""
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
 
 
 # tokens per sequence at which a batch's step cost is measured, as far as its widest step needs
@@ -316,6 +328,20 @@ class BatchCosts:
         return max(1.0, cls._seconds_at(curves, k, context) / cls._seconds_at(curves, 1, context))
 
 
+def batch_key(model_key: str, batch: int, context: int) -> str:
+    """Where a batch's curve is stored: after the model's own :func:`curve_key`."""
+    return f"{model_key}|batch-{batch}|context-{context}"
+
+
+_BATCH_KEY = re.compile(r"\|batch-(\d+)\|context-(\d+)$")
+
+
+def batch_shape(key: str) -> tuple[int, int] | None:
+    """(batch, context) of a key made by :func:`batch_key`; None for any other key."""
+    found = _BATCH_KEY.search(key)
+    return (int(found[1]), int(found[2])) if found else None
+
+
 def batch_curve(
     model, batch: int, context: int, rows: int, make_step: Callable[[], Callable[[int], None]]
 ) -> CostCurve:
@@ -324,7 +350,7 @@ def batch_curve(
     (:func:`measure`) and kept on disk beside the single-sequence curve, as that one is, so that
     every process prices a batch alike. A wider setting later measures only the counts it adds,
     and keeps the stored ones. ``make_step()`` returns a function running one such pass."""
-    key = f"{curve_key(model)}|batch-{batch}|context-{context}"
+    key = batch_key(curve_key(model), batch, context)
     need = next((k for k in ROW_GRID if k >= rows), ROW_GRID[-1])
     curve = _curves.get(key) or _stored(key)
     if curve is None or curve.points[-1][0] < need:
