@@ -352,9 +352,9 @@ def _tabulate(points: list[tuple[int, float]], last: int) -> list[float]:
     """Seconds by tokens, 1 .. ``last`` (index 0 unused): flat below the first point and with one
     point, linear between points, the last two points' slope beyond them."""
     first_tokens, first_seconds = points[0]
-    table = [0.0] + [first_seconds] * (last if len(points) == 1 else min(last, first_tokens))
     if len(points) == 1:
-        return table
+        return [0.0] + [first_seconds] * last
+    table = [0.0] + [first_seconds] * min(last, first_tokens)
     segments = list(pairwise(points))
     for n, ((x0, y0), (x1, y1)) in enumerate(segments):
         end = last if n == len(segments) - 1 else min(x1, last)  # the last segment runs on
