@@ -194,7 +194,7 @@ class StepLog:
         def logged_record(drafter, draft, emitted):
             truth = log.text[log._committed :]
             path = ()
-            while len(path) < len(truth) and path + (truth[len(path)],) in draft.trie_buckets:
+            while draft.trie and len(path) < len(truth) and (*path, truth[len(path)]) in draft.trie.children(path):
                 path += (truth[len(path)],)
             log.steps.append((len(draft.buckets), len(emitted) - 1, len(path), draft.probe, draft.expected))
             return record(drafter, draft, emitted)

@@ -9,7 +9,7 @@ from tiny_models import CONFIGS, repetitive_prompt, tiny_model
 
 from lookahead import Lookahead
 from lookahead.costs import CostCurve
-from lookahead.drafting import PRIORS, TreeDrafter, _trie, span_band
+from lookahead.drafting import PRIORS, TreeDrafter, Trie, span_band
 from lookahead.lookup import ContextIndex
 from lookahead.support import check_model
 from lookahead.tuning import PLAIN
@@ -21,10 +21,19 @@ STEEP = CostCurve(((1, 1.0), (2, 2.25), (4, 3.0), (8, 4.8), (16, 7.7)))  # a slo
 EXAMPLE = [(2, (3, 4, 5)), (2, (3, 4, 5)), (2, (3, 6))]
 
 
+def _made(trie, parent=()):
+    """Every node of the trie below ``parent``, made by asking for children."""
+    nodes = []
+    for child in trie.children(parent):
+        nodes += [child, *_made(trie, child)]
+    return nodes
+
+
 def test_trie_counts_each_occurrence_through_each_node():
-    nodes, children, occurrences = _trie([*EXAMPLE, (0, (7, 8))], cap=3)
-    assert occurrences == 3  # the pool's n-gram (level 0) is no occurrence
-    assert {p: (n.support, n.level) for p, n in nodes.items()} == {
+    trie = Trie([*EXAMPLE, (0, (7, 8))], cap=3)
+    assert trie.occurrences == 3  # the pool's n-gram (level 0) is no occurrence
+    assert trie.children(()) == [(3,), (7,)] and trie.children((3,)) == [(3, 4), (3, 6)]
+    assert {p: trie.evidence(p) for p in _made(trie)} == {
         (3,): (3, 2),
         (3, 4): (2, 2),
         (3, 4, 5): (2, 2),
@@ -32,9 +41,19 @@ def test_trie_counts_each_occurrence_through_each_node():
         (7,): (0, 0),
         (7, 8): (0, 0),
     }
-    assert children[()] == [(3,), (7,)] and children[(3,)] == [(3, 4), (3, 6)]
-    nodes, _, _ = _trie(EXAMPLE, cap=1)  # cut to the cap
-    assert set(nodes) == {(3,)}
+    # (level band, first token, support up to 3, unanimous: all the parent's occurrences go on here)
+    assert trie.buckets[(3,)] == (2, True, 3, True) and trie.buckets[(3, 4)] == (2, False, 2, False)
+    assert trie.buckets[(3, 4, 5)] == (2, False, 2, True) and trie.buckets[(7,)] == (0, True, 0, False)
+    assert _made(Trie(EXAMPLE, cap=1)) == [(3,)]  # cut to the cap
+    assert _made(Trie(EXAMPLE, cap=0)) == [] and _made(Trie([(1, ())], cap=3)) == []
+
+
+def test_trie_makes_only_the_nodes_asked_for():
+    trie = Trie(EXAMPLE, cap=3)
+    trie.children(())
+    assert set(trie.buckets) == {(3,)}  # the children of (3,) are not made until asked for
+    trie.children((3,))
+    assert set(trie.buckets) == {(3,), (3, 4), (3, 6)}
 
 
 def test_occurrences_count_each_earlier_place_once_at_its_longest_suffix():

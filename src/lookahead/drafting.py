@@ -51,7 +51,7 @@ import dataclasses
 import heapq
 import math
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .costs import CostCurve
@@ -83,26 +83,17 @@ PRIORS = {  # (level, first token, unanimous) -> prior rate
 @dataclass(frozen=True)
 class Draft:
     """One step's draft: the candidates (root-to-leaf paths of the tree; empty for a plain step),
-    each drafted node's evidence bucket, and the tree's children by parent; and the same two for
-    the whole trie the tree was cut from, drafted or not (what :meth:`TreeDrafter.record` scores
-    against the text as it comes)."""
+    each drafted node's evidence bucket, and the tree's children by parent; and the whole trie the
+    tree was cut from, drafted or not (what :meth:`TreeDrafter.record` scores against the text as
+    it comes)."""
 
     candidates: list[Path]
     buckets: dict[Path, tuple]
     children: dict[Path, list[Path]]
     expected: float  # tokens the step is expected to emit
     probe: bool = False  # drafted with optimistic rates (see TreeDrafter)
-    trie_buckets: dict[Path, tuple] = dataclasses.field(default_factory=dict)
-    trie_children: dict[Path, list[Path]] = dataclasses.field(default_factory=dict)
+    trie: Trie | None = None
     window: bool = False  # the step carries the Jacobi window's rows (every drafted step, some plain ones)
-
-
-@dataclass(slots=True)
-class _Node:
-    support: int = 0  # earlier occurrences of the context continuing through this node
-    level: int = 0  # longest context match that found it, in tokens (0: pool n-grams only)
-    path: Path = ()
-    kids: dict = dataclasses.field(default_factory=dict)  # next token -> child node
 
 
 class TreeDrafter:
@@ -134,7 +125,7 @@ class TreeDrafter:
         # rates then learn from all the evidence, not only from what was drafted (which, where
         # width is dear, is little, and only what already looked good)
         self.learn_undrafted = learn_undrafted
-        self._pending: deque = deque()  # [trie children, trie buckets, tokens seen since] per step
+        self._pending: deque = deque()  # [trie's children, trie's buckets, tokens seen since] per step
         self.max_nodes, self.max_leaves = max_nodes, max_leaves
         self.prior_weight = prior_weight
         self.memory = memory
@@ -213,17 +204,16 @@ class TreeDrafter:
 
     def _choose(self, sources: Sequence[tuple[int, Path]], cap: int, max_leaves: int | None, rider: int) -> Draft:
         leaves_cap = self.max_leaves if max_leaves is None else min(max_leaves, self.max_leaves)
-        nodes, children, occurrences = _trie(sources, cap)
+        trie = Trie(sources, cap)  # shared by the draft and a probe
         self._since_probe += 1
-        if not nodes or leaves_cap <= 0:
+        if not trie.sources or leaves_cap <= 0:
             return Draft([], {}, {}, 1.0)
-        buckets = _buckets(nodes, children, occurrences)  # shared by the draft and a probe
-        draft = self._grow(buckets, children, leaves_cap, optimistic=False, rider=rider)
+        draft = self._grow(trie, leaves_cap, optimistic=False, rider=rider)
         if draft.candidates or self._since_probe < self._interval:
             return draft
         if self._since_probe < math.ceil((self.curve(2 + rider) / self.curve(1) - 1) / self.probe_overhead):
             return draft  # even a one-token probe is too dear yet (the check below, without growing it)
-        probe = self._grow(buckets, children, leaves_cap, optimistic=True, rider=rider)
+        probe = self._grow(trie, leaves_cap, optimistic=True, rider=rider)
         if not probe.candidates:
             return probe
         extra = self.curve(1 + rider + len(probe.buckets)) / self.curve(1) - 1
@@ -246,23 +236,23 @@ class TreeDrafter:
         self._since_window = 0
         return dataclasses.replace(draft, window=True)
 
-    def _grow(self, buckets: dict, children: dict, leaves_cap: int, optimistic: bool, rider: int = 0) -> Draft:
-        """The best tree over the trie (its nodes' ``buckets``, its ``children``), with estimated (or,
-        for probes, optimistic) rates; a tree of k nodes costs a step of 1 + ``rider`` + k input tokens."""
+    def _grow(self, trie: Trie, leaves_cap: int, optimistic: bool, rider: int = 0) -> Draft:
+        """The best tree over the trie, with estimated (or, for probes, optimistic) rates; a tree of
+        k nodes costs a step of 1 + ``rider`` + k input tokens."""
         # best first: a node enters after its parent (its path probability is at most the parent's),
         # and the step runs the prefix of that order with the most expected tokens per unit of cost
         order: list[tuple[Path, float]] = []
         chosen: set[Path] = set()
         leaves = 0
         rates: dict[tuple, float] = {}  # by bucket: fixed within a step
-        heap = [(-r, i, c) for i, (r, c) in enumerate(self._child_rates(children, buckets, (), optimistic, rates))]
+        heap = [(-r, i, c) for i, (r, c) in enumerate(self._child_rates(trie, (), optimistic, rates))]
         heapq.heapify(heap)
         tick = len(heap)
         best_k, best_rate, expected, total = 0, 1.0, 1.0, 1.0
         unit = self.curve(1)
         while heap and len(order) < self.max_nodes:
             neg, _, path = heapq.heappop(heap)
-            opens_leaf = len(path) == 1 or any(c in chosen for c in children.get(path[:-1], ()))
+            opens_leaf = len(path) == 1 or any(c in chosen for c in trie.children(path[:-1]))
             if opens_leaf and leaves >= leaves_cap:
                 continue  # a new branch, and no candidate left for it
             leaves += opens_leaf
@@ -277,7 +267,7 @@ class TreeDrafter:
             room = self.max_nodes - k
             if not room or (total - room * neg) * unit / self.curve(2 + rider + k) <= best_rate:
                 break
-            for r, child in self._child_rates(children, buckets, path, optimistic, rates):
+            for r, child in self._child_rates(trie, path, optimistic, rates):
                 heapq.heappush(heap, (neg * r, tick, child))
                 tick += 1
         kept = [path for path, _ in order[:best_k]]
@@ -285,15 +275,13 @@ class TreeDrafter:
         for path in kept:
             tree_children.setdefault(path[:-1], []).append(path)
         candidates = [p for p in kept if p not in tree_children]  # the leaves
-        return Draft(candidates, {p: buckets[p] for p in kept}, tree_children, expected, False, buckets, children)
+        return Draft(candidates, {p: trie.buckets[p] for p in kept}, tree_children, expected, False, trie)
 
-    def _child_rates(
-        self, children: dict, buckets: dict, parent: Path, optimistic: bool, rates: dict
-    ) -> list[tuple[float, Path]]:
+    def _child_rates(self, trie: Trie, parent: Path, optimistic: bool, rates: dict) -> list[tuple[float, Path]]:
         """The conditional rates of a node's children, siblings normalised to sum to at most 1 (only
         one of them can match). Rated only for the nodes the tree reaches, not the whole trie, and
         each bucket once (``rates``, kept by the caller for the step)."""
-        kids = children.get(parent, ())
+        kids, buckets = trie.children(parent), trie.buckets
         rated = []
         for child in kids:
             bucket = buckets[child]
@@ -321,11 +309,11 @@ class TreeDrafter:
             lost = not any((token,) in draft.buckets for token in emitted[:1])
             self._interval = min(self.max_interval, 2 * self._interval) if lost else self.probe_every
         if not self.learn_undrafted:
-            self._score(draft.children, draft.buckets, (), emitted)
+            self._score(draft.children.get, draft.buckets, (), emitted)
             return
         # each earlier step's trie, and this one's, scored on the tokens that came after it
-        if draft.trie_children:
-            self._pending.append([draft.trie_children, draft.trie_buckets, ()])
+        if draft.trie is not None:
+            self._pending.append([draft.trie.children, draft.trie.buckets, ()])
         live, tokens = deque(), tuple(emitted)
         for entry in self._pending:
             children, buckets, seen = entry
@@ -339,12 +327,13 @@ class TreeDrafter:
         scored along (another sequence drafts, or steps of this one went undrafted in a batch)."""
         self._pending.clear()
 
-    def _score(self, children: dict, buckets: dict, seen: Path, tokens: Sequence[int]) -> bool:
+    def _score(self, children: Callable, buckets: dict, seen: Path, tokens: Sequence[int]) -> bool:
         """Observe every child of the node reached by ``seen`` (the text since the trie's step)
-        against each of ``tokens`` in turn; True while the trie still has a node to score."""
+        against each of ``tokens`` in turn; True while the trie still has a node to score.
+        ``children``: a node's children by its path (None or [] for none)."""
         parent = seen
         for token in tokens:
-            kids = children.get(parent)
+            kids = children(parent)
             if not kids:
                 return False
             hit = None
@@ -356,7 +345,7 @@ class TreeDrafter:
             if hit is None:
                 return False
             parent = hit
-        return parent in children
+        return bool(children(parent))
 
     @property
     def wide_steps(self) -> int:
@@ -376,49 +365,63 @@ def span_band(span: int) -> int:
     return 4 if span < 8 else 8 if span < 16 else 16
 
 
-def _buckets(nodes: dict[Path, _Node], children: dict[Path, list[Path]], occurrences: int) -> dict[Path, tuple]:
-    """Every trie node's evidence bucket, what its rate is learnt and looked up by: (level band,
-    first token, support up to 3, unanimous)."""
-    buckets: dict[Path, tuple] = {}
-    for parent, kids in children.items():
-        above = nodes[parent].support if parent else occurrences
-        first = not parent
-        for child in kids:
-            node = nodes[child]
-            support, level = node.support, node.level
-            band = _BANDS[level] if level < len(_BANDS) else 16
-            buckets[child] = (band, first, support if support < 3 else 3, 0 < support == above)
-    return buckets
-
-
 _BANDS = [span_band(span) for span in range(16)]  # span_band by span, tabled for the levels below 16
 
 
-def _trie(sources: Sequence[tuple[int, Path]], cap: int) -> tuple[dict[Path, _Node], dict[Path, list[Path]], int]:
-    """Merge the sources, cut to ``cap`` tokens, into a trie: nodes by path, children by parent
-    (in first-seen order), and how many earlier occurrences (level > 0) there are. Walked token by
-    token through each node's ``kids``, so a source costs its length, not its length squared (a
-    path is built once, where its node is new)."""
-    nodes: dict[Path, _Node] = {}
-    children: dict[Path, list[Path]] = {}
-    occurrences = 0
-    roots: dict = {}
-    for level, continuation in sources:
-        continuation = tuple(continuation[:cap])
-        if not continuation:
-            continue
-        counted = level > 0
-        occurrences += counted
-        kids, parent = roots, ()
-        for j, token in enumerate(continuation):
-            node = kids.get(token)
-            if node is None:
-                path = continuation[: j + 1]
-                node = kids[token] = nodes[path] = _Node(path=path)
-                children.setdefault(parent, []).append(path)
-            if counted:
-                node.support += 1
-                if level > node.level:
-                    node.level = level
-            kids, parent = node.kids, node.path
-    return nodes, children, occurrences
+class Trie:
+    """The sources, cut to ``cap`` tokens, merged into a trie whose nodes are made when first asked
+    for: :meth:`children` groups the sources through a node by their next token. Drafting visits
+    few nodes of a trie (the tree it grows, and the path the text then takes), so the rest are
+    never made.
+
+    A node's evidence (``buckets[path]``, made with the node): (level band, first token, support up
+    to 3, unanimous), where support counts the earlier occurrences (sources of level > 0) through
+    it, level is the longest context match among them (0: pool n-grams only), and unanimous says
+    that every occurrence through its parent continues with it. Children come in the order the
+    sources first reach them."""
+
+    __slots__ = ("sources", "occurrences", "buckets", "_kids", "_through")
+
+    def __init__(self, sources: Sequence[tuple[int, Path]], cap: int) -> None:
+        self.sources = [(level, tuple(c[:cap])) for level, c in sources if cap > 0 and len(c)]
+        self.occurrences = sum(level > 0 for level, _ in self.sources)
+        self.buckets: dict[Path, tuple] = {}
+        self._kids: dict[Path, list[Path]] = {}
+        # a made node's sources (indices) and support; its children are not made yet
+        self._through: dict[Path, tuple[list[int], int]] = {(): (list(range(len(self.sources))), self.occurrences)}
+
+    def children(self, parent: Path) -> list[Path]:
+        """The children of a node (made, as every node :meth:`children` returned is)."""
+        kids = self._kids.get(parent)
+        if kids is None:
+            kids = self._kids[parent] = self._make_children(parent)
+        return kids
+
+    def evidence(self, path: Path) -> tuple[int, int]:
+        """(support, level) of a made node."""
+        members, support = self._through[path]
+        return support, max((self.sources[i][0] for i in members), default=0)
+
+    def _make_children(self, parent: Path) -> list[Path]:
+        members, above = self._through[parent]
+        depth, sources = len(parent), self.sources
+        groups: dict[int, list] = {}  # next token -> [sources, support, level]
+        for i in members:
+            level, continuation = sources[i]
+            if len(continuation) > depth:
+                group = groups.get(continuation[depth])
+                if group is None:
+                    group = groups[continuation[depth]] = [[], 0, 0]
+                group[0].append(i)
+                if level:
+                    group[1] += 1
+                    if level > group[2]:
+                        group[2] = level
+        first, kids = not parent, []
+        for token, (through, support, level) in groups.items():
+            path = (*parent, token)
+            band = _BANDS[level] if level < len(_BANDS) else 16
+            self.buckets[path] = (band, first, support if support < 3 else 3, 0 < support == above)
+            self._through[path] = (through, support)
+            kids.append(path)
+        return kids
