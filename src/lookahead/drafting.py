@@ -387,7 +387,7 @@ class Trie:
         self.occurrences = sum(level > 0 for level, _ in self.sources)
         self.buckets: dict[Path, tuple] = {}
         self._kids: dict[Path, list[Path]] = {}
-        # a made node's sources (indices) and support; its children are not made yet
+        # every made node's sources (indices) and support, from which its children are made
         self._through: dict[Path, tuple[list[int], int]] = {(): (list(range(len(self.sources))), self.occurrences)}
 
     def children(self, parent: Path) -> list[Path]:
