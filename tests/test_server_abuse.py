@@ -360,3 +360,41 @@ def test_api_keys_come_from_flags_a_file_and_the_environment(tmp_path, monkeypat
         parse("--api-key-file", str(keys))
     with pytest.raises(ValueError, match="empty"):
         parse("--api-key", " ")
+
+
+def test_max_tokens_and_streaming_fields_are_checked_against_the_context():
+    from lookahead.api import ApiError, parse_request
+
+    class ThreeTokens:  # any chat is three tokens long
+        chat_template = "..."
+
+        def apply_chat_template(self, messages, **kwargs):
+            return "chat"
+
+        def __call__(self, text, **kwargs):
+            return {"input_ids": [1, 2, 3]}
+
+    def parse(body, chat=False):
+        prompt = {"messages": [{"role": "user", "content": "hi"}]} if chat else {"prompt": [1, 2, 3]}
+        return parse_request({"model": "m", **prompt, **body}, chat, "m", ThreeTokens(), 10, 16, 96)
+
+    def refused(body, chat=False):
+        with pytest.raises(ApiError) as info:
+            parse(body, chat)
+        return info.value.status, info.value.code, info.value.param, info.value.message
+
+    assert parse({}).max_tokens == 7  # OpenAI's default of 16, cut to the 10 - 3 positions left
+    assert parse({"max_tokens": 7}).max_tokens == 7
+    status, code, param, message = refused({"max_tokens": 8})
+    assert (status, code, param) == (400, "context_length_exceeded", "max_tokens") and "at most 7" in message
+    assert refused({"prompt": list(range(10))})[:3] == (400, "context_length_exceeded", "prompt")
+    assert parse({"max_completion_tokens": 5}, chat=True).max_tokens == 5
+    status, code, param, _ = refused({"max_completion_tokens": 8}, chat=True)
+    assert (code, param) == ("context_length_exceeded", "max_completion_tokens")
+    both = {"max_tokens": 2, "max_completion_tokens": 3}
+    assert refused(both, chat=True)[1:3] == ("invalid_parameter_combination", "max_tokens")
+    assert (parse({"stream": True}).stream, parse({"stream": True}).include_usage) == (True, False)
+    assert parse({"stream": True, "stream_options": {"include_usage": True}}).include_usage is True
+    assert refused({"stream": "yes"})[2] == "stream"
+    assert refused({"stream_options": {"include_usage": True}})[2] == "stream_options"  # without stream
+    assert refused({"stream": True, "stream_options": {"other": 1}})[2] == "stream_options"

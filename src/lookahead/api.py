@@ -446,41 +446,14 @@ def parse_request(
     it is tokenized. ``images``: the model reads images, with this processor (None: it takes none)."""
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object", "invalid_value")
-    model = body.get("model")
-    if not isinstance(model, str):
-        raise _bad("model", "'model' must be a string")
-    if model != model_name:
-        raise ApiError(404, f"the model '{model}' does not exist: this server serves '{model_name}'",
-                       "model_not_found", "model")  # fmt: skip
+    _check_model(body, model_name)
     _refuse_unsupported(body, chat)
     stop = _stop(body)
     _check_length_bound(body, chat, max_positions, max_token_chars)
     ids, prompt_param, media = _prompt_ids(body, chat, tokenizer, vocab_size, images)
     _check_placeholders(ids, media, images, prompt_param)
-    room = None if max_positions is None else max_positions - len(ids)
-    if room is not None and room < 1:
-        raise ApiError(400, f"the prompt has {len(ids)} tokens but the model's context is {max_positions}: "
-                       "shorten it", "context_length_exceeded", prompt_param)  # fmt: skip
-    if chat and body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
-        raise ApiError(400, "'max_tokens' and 'max_completion_tokens' were both given: send one of them "
-                       "('max_tokens' is the older name)", "invalid_parameter_combination", "max_tokens")  # fmt: skip
-    name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
-    default = COMPLETIONS_DEFAULT_MAX_TOKENS if not chat else default_max_tokens
-    if room is not None:
-        default = min(default, room)
-    max_tokens = _int(body, name, 1, default)
-    if room is not None and max_tokens > room:
-        message = (
-            f"the prompt ({len(ids)} tokens) plus {name}={max_tokens} exceeds the model's context "
-            f"of {max_positions} tokens: ask for at most {room}"
-        )
-        raise ApiError(400, message, "context_length_exceeded", name)
-    stream = body.get("stream") or False
-    if not isinstance(stream, bool):
-        raise _bad("stream", "'stream' must be a boolean")
-    options = body.get("stream_options")
-    if options is not None and (not stream or not isinstance(options, dict) or set(options) - {"include_usage"}):
-        raise _bad("stream_options", "'stream_options' takes {include_usage: bool}, and only with stream: true")
+    max_tokens = _max_tokens(body, chat, len(ids), max_positions, default_max_tokens, prompt_param)
+    stream, include_usage = _streaming(body)
     top_k = _int(body, "top_k", 0, defaults.top_k)
     temperature = _number(body, "temperature", 0.0, 2.0, defaults.temperature)
     if temperature < MIN_TEMPERATURE:  # logits divided by 1e-45 overflow: its limit, greedy, instead
@@ -494,7 +467,54 @@ def parse_request(
         seed=_int(body, "seed", SEED_RANGE[0], high=SEED_RANGE[1]),
         stop=stop,
         stream=stream,
-        include_usage=bool((options or {}).get("include_usage")),
+        include_usage=include_usage,
         lookahead=_lookahead(body),
         media=media,
     )
+
+
+def _check_model(body: dict, model_name: str) -> None:
+    model = body.get("model")
+    if not isinstance(model, str):
+        raise _bad("model", "'model' must be a string")
+    if model != model_name:
+        raise ApiError(404, f"the model '{model}' does not exist: this server serves '{model_name}'",
+                       "model_not_found", "model")  # fmt: skip
+
+
+def _max_tokens(
+    body: dict, chat: bool, prompt_tokens: int, max_positions: int | None, default_max_tokens: int, prompt_param: str
+) -> int:
+    """The tokens to generate: ``max_tokens`` (or, for chat, ``max_completion_tokens``), by default
+    what the API's default and the context leave room for; refused where the prompt fills the
+    context, or the two together overrun it."""
+    room = None if max_positions is None else max_positions - prompt_tokens
+    if room is not None and room < 1:
+        raise ApiError(400, f"the prompt has {prompt_tokens} tokens but the model's context is {max_positions}: "
+                       "shorten it", "context_length_exceeded", prompt_param)  # fmt: skip
+    if chat and body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
+        raise ApiError(400, "'max_tokens' and 'max_completion_tokens' were both given: send one of them "
+                       "('max_tokens' is the older name)", "invalid_parameter_combination", "max_tokens")  # fmt: skip
+    name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    default = COMPLETIONS_DEFAULT_MAX_TOKENS if not chat else default_max_tokens
+    if room is not None:
+        default = min(default, room)
+    max_tokens = _int(body, name, 1, default)
+    if room is not None and max_tokens > room:
+        message = (
+            f"the prompt ({prompt_tokens} tokens) plus {name}={max_tokens} exceeds the model's context "
+            f"of {max_positions} tokens: ask for at most {room}"
+        )
+        raise ApiError(400, message, "context_length_exceeded", name)
+    return max_tokens
+
+
+def _streaming(body: dict) -> tuple[bool, bool]:
+    """(``stream``, ``stream_options.include_usage``)."""
+    stream = body.get("stream") or False
+    if not isinstance(stream, bool):
+        raise _bad("stream", "'stream' must be a boolean")
+    options = body.get("stream_options")
+    if options is not None and (not stream or not isinstance(options, dict) or set(options) - {"include_usage"}):
+        raise _bad("stream_options", "'stream_options' takes {include_usage: bool}, and only with stream: true")
+    return stream, bool((options or {}).get("include_usage"))
