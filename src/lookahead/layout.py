@@ -146,14 +146,8 @@ def _build_layout(n_prefix, window, n_levels, n_candidates, candidate_len, shape
     if shape is None:
         shape = chain_shape(n_candidates, candidate_len) if n_candidates and candidate_len else ()
     shape = tuple(ids for ids in shape if ids)
-    n_nodes = 1 + max((node for ids in shape for node in ids), default=-1)
-    parent: dict[int, int | None] = {}
-    for ids in shape:
-        for j, node in enumerate(ids):
-            if parent.setdefault(node, ids[j - 1] if j else None) != (ids[j - 1] if j else None):
-                raise ValueError(f"node {node} of the token tree has two parents")
-    if sorted(parent) != list(range(n_nodes)) or any(p is not None and p >= n for n, p in parent.items()):
-        raise ValueError("token tree nodes must be numbered 0.. with every parent before its children")
+    parent = _tree_parents(shape)
+    n_nodes = len(parent)
 
     positions: list[int] = list(range(-(n_prefix - 1), 1))
     t_slot = n_prefix - 1
@@ -161,22 +155,7 @@ def _build_layout(n_prefix, window, n_levels, n_candidates, candidate_len, shape
     sees: list[set[int]] = [set(range(r + 1)) for r in range(n_prefix)]
     prefix = set(range(n_prefix))
 
-    level_slots: list[tuple[int, ...]] = []
-    level0: list[int] = []  # level-0 slots; level0[c - 1] is column c (column 0 is t)
-    column: list[list[int]] = [[] for _ in range(window)]  # slots of levels 1.. in each column
-    for level in range(n_levels):
-        slots = []
-        for col in range(1 if level == 0 else 0, window):
-            slot = len(positions)
-            positions.append(level + col)
-            if level == 0:
-                level0.append(slot)
-                sees.append(prefix | set(level0))
-            else:
-                column[col].append(slot)
-                sees.append(prefix | set(level0[:col]) | set(column[col]))
-            slots.append(slot)
-        level_slots.append(tuple(slots))
+    level_slots = _place_window(positions, sees, prefix, window, n_levels)
 
     node_slots: list[int] = []
     for node in range(n_nodes):
@@ -215,3 +194,42 @@ def _build_layout(n_prefix, window, n_levels, n_candidates, candidate_len, shape
         node_slots=tuple(node_slots),
         reach=max(positions),
     )
+
+
+def _tree_parents(shape: tuple[tuple[int, ...], ...]) -> dict[int, int | None]:
+    """Each token-tree node's parent (None for a first token), checked: one parent per node, nodes
+    numbered 0.. with every parent before its children."""
+    parent: dict[int, int | None] = {}
+    for ids in shape:
+        for j, node in enumerate(ids):
+            if parent.setdefault(node, ids[j - 1] if j else None) != (ids[j - 1] if j else None):
+                raise ValueError(f"node {node} of the token tree has two parents")
+    n_nodes = 1 + max((node for ids in shape for node in ids), default=-1)
+    if sorted(parent) != list(range(n_nodes)) or any(p is not None and p >= n for n, p in parent.items()):
+        raise ValueError("token tree nodes must be numbered 0.. with every parent before its children")
+    return parent
+
+
+def _place_window(
+    positions: list[int], sees: list[set[int]], prefix: set[int], window: int, n_levels: int
+) -> list[tuple[int, ...]]:
+    """Append the Jacobi window's slots, level by level, to ``positions`` and ``sees``; returns each
+    level's slots. A level-0 slot sees the prefix and level 0 up to itself; a slot of a later level
+    sees the prefix, level 0 left of its column, and its column's slots up to itself."""
+    level_slots: list[tuple[int, ...]] = []
+    level0: list[int] = []  # level-0 slots; level0[c - 1] is column c (column 0 is t)
+    column: list[list[int]] = [[] for _ in range(window)]  # slots of levels 1.. in each column
+    for level in range(n_levels):
+        slots = []
+        for col in range(1 if level == 0 else 0, window):
+            slot = len(positions)
+            positions.append(level + col)
+            if level == 0:
+                level0.append(slot)
+                sees.append(prefix | set(level0))
+            else:
+                column[col].append(slot)
+                sees.append(prefix | set(level0[:col]) | set(column[col]))
+            slots.append(slot)
+        level_slots.append(tuple(slots))
+    return level_slots
